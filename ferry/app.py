@@ -1,0 +1,44 @@
+"""Builds the Starlette apps from the packages' route lists; the only module importing them all."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+
+from ferry.config import Settings
+from registry import models_api
+from registry.api_errors import handle_ferry_error
+from registry.errors import FerryError
+from registry.store import Store
+
+log = logging.getLogger("ferry.server")
+
+
+def build_model_server(settings: Settings) -> Starlette:
+    """The model server: Ollama's /api over the local store (`ferry serve`)."""
+    store = Store(settings.models_dir)
+    routes = [
+        *models_api.routes,
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        store.root.mkdir(parents=True, exist_ok=True)
+        if not settings.noprune:
+            removed = await asyncio.to_thread(store.prune)
+            if removed:
+                log.info("pruned %d unused files from %s", len(removed), store.root)
+        yield
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers={FerryError: handle_ferry_error},
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.store = store
+    return app

@@ -1,0 +1,86 @@
+"""The CLI's client of the model server, as the `ollama` CLI talks to `ollama serve`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from ferry.config import Settings
+
+
+class CLIError(Exception):
+    """A one-line error the CLI prints before exiting with status 1."""
+
+
+class ServerClient:
+    def __init__(self, settings: Settings, timeout: float | None = 30.0) -> None:
+        self.settings = settings
+        self.base_url = settings.base_url
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ServerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _unreachable(self, exc: Exception) -> CLIError:
+        return CLIError(
+            f"could not connect to the ferry server at {self.base_url} ({exc.__class__.__name__});"
+            " start it with `ferry serve`"
+        )
+
+    def request(self, method: str, path: str, body: Any = None,
+                timeout: float | None = None) -> httpx.Response:
+        """Send a request; a connection failure or an error status becomes a CLIError."""
+        try:
+            kwargs: dict[str, Any] = {"json": body} if body is not None else {}
+            if timeout is not None:
+                kwargs["timeout"] = timeout
+            response = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError as exc:
+            raise self._unreachable(exc) from exc
+        except httpx.HTTPError as exc:
+            raise CLIError(f"{method} {path} failed: {exc}") from exc
+        if response.status_code >= 400:
+            raise CLIError(error_text(response))
+        return response
+
+    def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """POST and yield each NDJSON line; an `{"error"}` line raises CLIError."""
+        try:
+            with self._http.stream("POST", path, json=body, timeout=None) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise CLIError(error_text(response))
+                for line in response.iter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if "error" in event:
+                        raise CLIError(str(event["error"]))
+                    yield event
+        except httpx.ConnectError as exc:
+            raise self._unreachable(exc) from exc
+        except httpx.HTTPError as exc:
+            raise CLIError(f"POST {path} failed: {exc}") from exc
+
+
+def error_text(response: httpx.Response) -> str:
+    """The server's error message, from `{"error"}` or an OCI `{"errors"}` body."""
+    try:
+        data = response.json()
+    except ValueError:
+        return f"{response.status_code}: {response.text.strip() or response.reason_phrase}"
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        return data["error"]
+    if isinstance(data, dict) and isinstance(data.get("errors"), list) and data["errors"]:
+        first = data["errors"][0]
+        return f"{first.get('code', response.status_code)}: {first.get('message', '')}"
+    return f"{response.status_code}: {response.text.strip()}"

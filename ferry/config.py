@@ -1,0 +1,143 @@
+"""Settings: the one place that reads the environment.
+
+Everything else receives a frozen `Settings` (or the few fields it needs) from its caller, so a
+test can build one with `Settings.from_env({...})` and nothing depends on process globals.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 11434
+DEFAULT_REGISTRY_PORT = 5000
+
+
+class ConfigError(ValueError):
+    """An environment variable holds a value ferry cannot use; the message names it."""
+
+
+def parse_host(value: str, default_port: int = DEFAULT_PORT) -> tuple[str, str, int]:
+    """Parse `host`, `host:port`, `:port` or `scheme://host:port` into (scheme, host, port)."""
+    text = value.strip() or DEFAULT_HOST
+    scheme = "http"
+    if "://" in text:
+        scheme, _, text = text.partition("://")
+        if scheme not in ("http", "https"):
+            raise ConfigError(f"unsupported scheme {scheme!r} in host {value!r}")
+    parts = urlsplit(f"//{text}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"invalid port in host {value!r}") from exc
+    host = parts.hostname or DEFAULT_HOST
+    return scheme, host, port if port is not None else default_port
+
+
+def _flag(env: Mapping[str, str], key: str) -> bool:
+    return env.get(key, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key} must be an integer, got {raw!r}") from exc
+    if value < minimum:
+        raise ConfigError(f"{key} must be at least {minimum}, got {value}")
+    return value
+
+
+def _duration(env: Mapping[str, str], key: str, default: float) -> float:
+    """Seconds from `300`, `300s`, `5m`, `1h`; a negative value means forever."""
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for suffix in ("ms", "s", "m", "h"):
+        if raw.endswith(suffix):
+            number, scale = raw[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, scale = raw, 1.0
+    try:
+        return float(number) * scale
+    except ValueError as exc:
+        raise ConfigError(f"{key} must be a duration like 30s or 5m, got {raw!r}") from exc
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ferry reads from the environment, read once."""
+
+    home: Path
+    models_dir: Path
+    scheme: str = "http"
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    noprune: bool = False
+    # registry service
+    registry_root: Path = field(default_factory=lambda: Path.home() / ".ferry" / "registry")
+    registry_host: str = DEFAULT_HOST
+    registry_port: int = DEFAULT_REGISTRY_PORT
+    max_manifest_bytes: int = 4 * 1024 * 1024
+    upload_session_ttl: float = 24 * 3600.0
+    # transfers
+    max_transfer_streams: int = 8
+    # create
+    max_create_files: int = 1024
+    max_metadata_file_bytes: int = 64 * 1024 * 1024
+    # runners
+    keep_alive: float = 300.0
+    load_timeout: float = 300.0
+    max_loaded_models: int = 3
+    compute: str = "auto"
+    autostart: bool = False
+
+    @property
+    def base_url(self) -> str:
+        """URL of the model server, as the CLI reaches it."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        home = Path(env.get("FERRY_HOME") or Path.home() / ".ferry").expanduser()
+        models = Path(env.get("FERRY_MODELS") or home / "models").expanduser()
+        scheme, host, port = parse_host(env.get("FERRY_HOST", ""))
+        reg_root = Path(env.get("FERRY_REGISTRY_ROOT") or home / "registry").expanduser()
+        _, reg_host, reg_port = parse_host(
+            env.get("FERRY_REGISTRY_HOST", ""), DEFAULT_REGISTRY_PORT
+        )
+        compute = env.get("FERRY_COMPUTE", "auto").strip().lower() or "auto"
+        if compute not in ("auto", "native", "float32"):
+            raise ConfigError(f"FERRY_COMPUTE must be auto, native or float32, got {compute!r}")
+        return cls(
+            home=home,
+            models_dir=models,
+            scheme=scheme,
+            host=host,
+            port=port,
+            noprune=_flag(env, "FERRY_NOPRUNE"),
+            registry_root=reg_root,
+            registry_host=reg_host,
+            registry_port=reg_port,
+            max_transfer_streams=_int(env, "FERRY_MAX_TRANSFER_STREAMS", 8, minimum=1),
+            keep_alive=_duration(env, "FERRY_KEEP_ALIVE", 300.0),
+            load_timeout=_duration(env, "FERRY_LOAD_TIMEOUT", 300.0),
+            max_loaded_models=_int(env, "FERRY_MAX_LOADED_MODELS", 3, minimum=1),
+            compute=compute,
+            autostart=_flag(env, "FERRY_AUTOSTART"),
+        )
+
+    def with_(self, **changes: object) -> Settings:
+        """A copy with some fields changed (tests and CLI flags)."""
+        return replace(self, **changes)  # type: ignore[arg-type]

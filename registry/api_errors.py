@@ -1,0 +1,98 @@
+"""The model API's error edge: domain exceptions to Ollama's `{"error": "..."}` bodies.
+
+The twin of `service/errors.py` (which speaks the OCI error JSON). Route handlers raise domain
+errors or `APIError`; the one exception handler here renders them, so no handler builds an error
+response by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from registry.errors import (
+    Conflict,
+    DigestMismatch,
+    FerryError,
+    InvalidDigest,
+    InvalidManifest,
+    InvalidName,
+    NotFound,
+    SizeMismatch,
+    TooLarge,
+)
+
+log = logging.getLogger("ferry.api")
+
+_STATUS: list[tuple[type[FerryError], int]] = [
+    (NotFound, 404),
+    (TooLarge, 413),
+    (Conflict, 409),
+    (InvalidName, 400),
+    (InvalidDigest, 400),
+    (DigestMismatch, 400),
+    (SizeMismatch, 400),
+    (InvalidManifest, 400),
+]
+
+
+class APIError(FerryError):
+    """An error with an explicit HTTP status, for conditions no domain error names."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def status_for(exc: BaseException) -> int:
+    if isinstance(exc, APIError):
+        return exc.status
+    for kind, status in _STATUS:
+        if isinstance(exc, kind):
+            return status
+    return 400 if isinstance(exc, FerryError) else 500
+
+
+def error_message(exc: BaseException) -> str:
+    if isinstance(exc, FerryError):
+        return exc.message
+    return str(exc) or type(exc).__name__
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status = status_for(exc)
+    if status >= 500:
+        log.exception("internal error", exc_info=exc)
+    return JSONResponse({"error": error_message(exc)}, status_code=status)
+
+
+async def handle_ferry_error(request: Request, exc: Exception) -> Response:
+    return error_response(exc)
+
+
+async def read_json(request: Request) -> dict:
+    """The request body as a JSON object, or a 400 that says what is wrong with it."""
+    body = await request.body()
+    if not body:
+        return {}
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise APIError(400, f"invalid JSON body: {exc}") from exc
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return data
+
+
+def require_str(data: dict, *keys: str) -> str:
+    """The first non-empty string among `keys` (e.g. `model` then its legacy alias `name`)."""
+    for key in keys:
+        value = data.get(key)
+        if isinstance(value, str) and value:
+            return value
+        if value is not None and not isinstance(value, str):
+            raise APIError(400, f"{key} must be a string")
+    raise APIError(400, f"{keys[0]} is required")
