@@ -21,12 +21,16 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-# Debian packages the tests use as real peers (skopeo) and the runner's BLAS; skipped off Debian.
+# Debian packages the tests use: skopeo (a real registry client peer) and OpenBLAS (the runner's
+# float32 compute path). Installed with apt-get when missing; elsewhere the tests say what is absent.
 system-deps:
-	@if command -v apt-get >/dev/null 2>&1 && ! command -v skopeo >/dev/null 2>&1; then \
-		echo "installing skopeo with apt-get"; \
-		(apt-get update -qq && apt-get install -y -qq skopeo >/dev/null) || \
-		echo "WARNING: could not install skopeo; interop tests will report it"; \
+	@missing=""; \
+	command -v skopeo >/dev/null 2>&1 || missing="$$missing skopeo"; \
+	[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || [ -e /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3 ] || missing="$$missing libopenblas0-pthread"; \
+	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing$$missing with apt-get"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) || \
+		echo "WARNING: could not install$$missing"; \
 	fi
 
 run: install
