@@ -7,7 +7,7 @@ back through `QuantType.from_metadata`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,19 @@ class QuantType:
     def eight_bit(self) -> QuantType:
         """The 8-bit type of this family, for promoted tensors like lm_head."""
         return QUANT_TYPES["int8"] if self.mode == "affine" else QUANT_TYPES["mxfp8"]
+
+    def metadata(self) -> dict[str, str]:
+        """The blob `__metadata__` create writes for a tensor of this type."""
+        return {"quant_type": self.name, "group_size": str(self.group_size)}
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, str] | None) -> QuantType | None:
+        """The type a blob's `__metadata__` names; None for an unquantized blob."""
+        if not metadata or "quant_type" not in metadata:
+            return None
+        base = parse_quant_type(metadata["quant_type"])
+        group = metadata.get("group_size", "")
+        return replace(base, group_size=int(group)) if group.isdigit() else base
 
 
 QUANT_TYPES: dict[str, QuantType] = {
@@ -54,3 +67,41 @@ def parse_quant_type(name: str) -> QuantType:
     if key not in QUANT_TYPES:
         raise UnknownQuantType(name)
     return QUANT_TYPES[key]
+
+
+class QuantRuntimeUnavailable(RuntimeError):
+    """MLX cannot be imported here, so nothing can be quantized (the API answers 503)."""
+
+
+def load_mlx():  # type: ignore[no-untyped-def]
+    """Import `mlx.core` lazily, so that name checks and planning work where MLX is missing."""
+    try:
+        import mlx.core as mx
+    except ImportError as exc:  # pragma: no cover - depends on the platform
+        raise QuantRuntimeUnavailable(
+            f"MLX is not available on this server ({exc}); safetensors imports need it"
+        ) from exc
+    return mx
+
+
+def quantize(weight, qtype: QuantType) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Quantize one MLX array; returns `weight` (packed uint32), `scale` and, for affine, `bias`.
+
+    The keys name the parts only; the writer turns them into `<tensor>`, `<tensor>.scale` and
+    `<tensor>.bias` inside the blob. The outputs are evaluated, so the caller can drop `weight`.
+    """
+    mx = load_mlx()
+    parts = mx.quantize(weight, group_size=qtype.group_size, bits=qtype.bits, mode=qtype.mode)
+    mx.eval(*parts)
+    out: dict[str, object] = {"weight": parts[0], "scale": parts[1]}
+    if qtype.has_bias:
+        out["bias"] = parts[2]
+    return out
+
+
+def dequantize(packed, scale, bias, qtype: QuantType):  # type: ignore[no-untyped-def]
+    """The inverse of `quantize` (lossy): back to a float array in the scale's dtype."""
+    mx = load_mlx()
+    return mx.dequantize(packed, scale, bias if qtype.has_bias else None,
+                         group_size=qtype.group_size, bits=qtype.bits, mode=qtype.mode)
+
