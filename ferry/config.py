@@ -100,6 +100,9 @@ class Settings:
     max_loaded_models: int = 3
     compute: str = "auto"
     autostart: bool = False
+    # release (`ferry release publish`)
+    github_token: str | None = field(default=None, repr=False)  # never in logs
+    aws_endpoint_url: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -136,6 +139,8 @@ class Settings:
             max_loaded_models=_int(env, "FERRY_MAX_LOADED_MODELS", 3, minimum=1),
             compute=compute,
             autostart=_flag(env, "FERRY_AUTOSTART"),
+            github_token=env.get("GITHUB_TOKEN") or None,
+            aws_endpoint_url=env.get("AWS_ENDPOINT_URL") or None,
         )
 
     def with_(self, **changes: object) -> Settings:
