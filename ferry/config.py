@@ -146,3 +146,11 @@ class Settings:
     def with_(self, **changes: object) -> Settings:
         """A copy with some fields changed (tests and CLI flags)."""
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    def child_env(self) -> dict[str, str]:
+        """The environment for a ferry child process (a runner, an autostarted server): this
+        process's, plus the settings that locate the store, so the child sees the same one."""
+        env = dict(os.environ)
+        env.update(FERRY_HOME=str(self.home), FERRY_MODELS=str(self.models_dir),
+                   FERRY_COMPUTE=self.compute)
+        return env
