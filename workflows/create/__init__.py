@@ -1,0 +1,172 @@
+"""Create: a staged safetensors checkpoint (or an existing model) -> a ferry model.
+
+    inventory (headers only) -> validate -> plan (pure) -> write tensor blobs (quantized one
+    tensor at a time) -> JSON and Modelfile layers -> config blob -> manifest, written last.
+
+`create()` is synchronous and meant for a worker thread; it takes the store, a progress callback
+and a cancel signal (anything with `is_set()`), and checks the signal between tensors, so a
+cancelled create stops within one tensor and publishes nothing. Blobs already written stay:
+they are content-addressed, so a retry reuses them, and prune sweeps them if nothing does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry import media_types as mt
+from registry.digests import Digest
+from registry.errors import NotFound
+from registry.manifests import Descriptor, ModelConfig, build_manifest, parse_manifest
+from registry.names import Name
+from registry.store import Store
+from runner.quant import QuantType
+from workflows.create.config_blob import build_config, draft_block
+from workflows.create.errors import CreateCancelled, CreateError
+from workflows.create.inventory import Inventory, take_inventory
+from workflows.create.plan import plan_model
+from workflows.create.validate import validate_checkpoint
+from workflows.create.write import (
+    CancelSignal,
+    Progress,
+    check_cancel,
+    write_bytes_layer,
+    write_file_layer,
+    write_plan,
+)
+
+__all__ = ["CreateCancelled", "CreateError", "CreateOptions", "create", "modelfile_layers"]
+
+MODELFILE_TYPES = frozenset({mt.TEMPLATE, mt.PROMPT, mt.SYSTEM, mt.PARAMS, mt.MESSAGES,
+                             mt.LICENSE})
+
+
+@dataclass(frozen=True)
+class CreateOptions:
+    """Everything about a create except where its files are; validated by the caller."""
+
+    quantize: QuantType | None = None
+    draft_quantize: QuantType | None = None
+    draft_dir: Path | None = None
+    base_manifest: bytes | None = None  # FROM <existing model>: its manifest bytes
+    template: str | None = None
+    system: str | None = None
+    license: tuple[str, ...] = ()
+    parameters: dict[str, Any] | None = None
+    messages: list[Any] | None = None
+    requires: str | None = None
+    noprune: bool = False
+
+
+def create(name: Name, staged_dir: Path | None, options: CreateOptions, store: Store,
+           progress: Progress, cancel: CancelSignal) -> Digest:
+    """Build and publish the model `name`; returns the manifest digest."""
+    draft = _inventory(options.draft_dir, "draft/") if options.draft_dir else None
+    if staged_dir is not None:
+        inv = _inventory(staged_dir, "")
+        model_type = validate_checkpoint(inv)
+        layers, config = _import_target(inv, model_type, options, draft, store, progress,
+                                        cancel)
+    elif options.base_manifest is not None:
+        layers, config = _from_base(options.base_manifest, store, draft)
+    else:
+        raise CreateError("nothing to create from: no files and no base model")
+    if draft is not None:
+        layers += _import_draft(draft, options, store, progress, cancel)
+    layers += modelfile_layers(options, store)
+    return publish(name, config, layers, store, progress, cancel, options.noprune)
+
+
+def _inventory(root: Path, where: str) -> Inventory:
+    inv = take_inventory(root)
+    if where:
+        validate_checkpoint(inv, where)
+    return inv
+
+
+def _import_target(inv: Inventory, model_type: str, options: CreateOptions,
+                   draft: Inventory | None, store: Store, progress: Progress,
+                   cancel: CancelSignal) -> tuple[list[Descriptor], ModelConfig]:
+    plan = plan_model(inv, options.quantize)
+    progress({"status": f"importing {len(plan.blobs)} tensors"})
+    layers = write_plan(plan, store, progress, cancel)
+    layers += _json_layers(inv, plan.json_files, store, cancel)
+    return layers, build_config(inv, plan, model_type, options.requires, draft)
+
+
+def _import_draft(draft: Inventory, options: CreateOptions, store: Store, progress: Progress,
+                  cancel: CancelSignal) -> list[Descriptor]:
+    quant = options.draft_quantize or options.quantize
+    plan = plan_model(draft, quant, prefix="draft.", draft=True)
+    progress({"status": f"importing {len(plan.blobs)} draft tensors"})
+    layers = write_plan(plan, store, progress, cancel)
+    return layers + _json_layers(draft, plan.json_files, store, cancel)
+
+
+def _json_layers(inv: Inventory, files: tuple[tuple[str, str], ...], store: Store,
+                 cancel: CancelSignal) -> list[Descriptor]:
+    layers = []
+    for name, rel in files:
+        check_cancel(cancel)
+        layers.append(write_file_layer(store, inv.root / rel, name, mt.JSON))
+    return layers
+
+
+def _from_base(raw: bytes, store: Store,
+               draft: Inventory | None) -> tuple[list[Descriptor], ModelConfig]:
+    """FROM an existing model: its layers (Modelfile ones replaced later) and config."""
+    base = parse_manifest(raw)
+    if base.config is None:
+        raise CreateError("the base model's manifest has no config")
+    config = ModelConfig.from_json(store.read_blob(base.config.digest))
+    layers = [d for d in base.layers if d.media_type not in MODELFILE_TYPES]
+    if draft is not None:
+        if config.model_format != "safetensors":
+            raise CreateError("DRAFT needs a safetensors base model")
+        layers = [d for d in layers if not (d.name or "").startswith(("draft.", "draft/"))]
+        config.draft = draft_block(draft)
+    return layers, config
+
+
+def modelfile_layers(options: CreateOptions, store: Store) -> list[Descriptor]:
+    """TEMPLATE, SYSTEM, PARAMETER, LICENSE and MESSAGE as their own layers (reference 1.3)."""
+    layers = []
+    if options.template:
+        layers.append(write_bytes_layer(store, options.template.encode(), mt.TEMPLATE))
+    if options.system:
+        layers.append(write_bytes_layer(store, options.system.encode(), mt.SYSTEM))
+    if options.parameters:
+        layers.append(write_bytes_layer(store, json.dumps(options.parameters).encode(),
+                                        mt.PARAMS))
+    for text in options.license:
+        layers.append(write_bytes_layer(store, text.encode(), mt.LICENSE))
+    if options.messages:
+        layers.append(write_bytes_layer(store, json.dumps(options.messages).encode(),
+                                        mt.MESSAGES))
+    return layers
+
+
+def publish(name: Name, config: ModelConfig, layers: list[Descriptor], store: Store,
+            progress: Progress, cancel: CancelSignal, noprune: bool) -> Digest:
+    """Write the config blob, then the manifest (last), then drop what the old one alone used."""
+    check_cancel(cancel)
+    config_desc = write_bytes_layer(store, config.to_json(), mt.DOCKER_CONFIG)
+    raw = build_manifest(config_desc, layers)
+    progress({"status": "writing manifest"})
+    previous = _previous_manifest(store, name)
+    check_cancel(cancel)
+    digest = store.write_manifest(name, raw)
+    if previous is not None and previous != raw and not noprune:
+        progress({"status": "removing unused layers"})
+        store.remove_unused_after_replace(previous)
+    progress({"status": "success"})
+    return digest
+
+
+def _previous_manifest(store: Store, name: Name) -> bytes | None:
+    try:
+        return store.read_manifest(name)
+    except NotFound:
+        return None

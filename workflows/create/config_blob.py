@@ -1,0 +1,76 @@
+"""The model config blob for a safetensors import (reference 2.2 "Config blob", 2.3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry.manifests import ModelConfig
+from workflows.create.errors import CreateError
+from workflows.create.inventory import Inventory
+from workflows.create.plan import ModelPlan
+
+MIN_REQUIRES = "0.19.0"  # what Ollama writes for safetensors models; older Ollamas refuse them
+
+
+def human_number(count: int) -> str:
+    """Parameter counts as Ollama's format.HumanNumber prints them: 8B, 8.2B, 494.03M, 12K."""
+    for scale, suffix, decimals in ((1e9, "B", 1), (1e6, "M", 2)):
+        if count >= scale:
+            value = count / scale
+            shown = f"{value:.0f}" if value == int(value) else f"{value:.{decimals}f}"
+            return shown + suffix
+    if count >= 1000:
+        return f"{count / 1000:.0f}K"
+    return str(count)
+
+
+def capabilities(inv: Inventory) -> list[str]:
+    """`completion` always; tools/thinking from the chat template; vision/audio from config."""
+    caps = ["completion"]
+    template = inv.chat_template
+    if "tools" in template:
+        caps.append("tools")
+    if "<think>" in template or "enable_thinking" in template:
+        caps.append("thinking")
+    if "vision_config" in inv.config or inv.config.get("has_vision"):
+        caps.append("vision")
+    if "audio_config" in inv.config or "sound_config" in inv.config:
+        caps.append("audio")
+    return caps
+
+
+def draft_block(draft: Inventory) -> dict[str, Any]:
+    arch = draft.architecture or str(draft.config.get("model_type", ""))
+    return {"model_format": "safetensors", "architecture": arch, "tensor_prefix": "draft.",
+            "config": "draft/config.json"}
+
+
+def build_config(inv: Inventory, plan: ModelPlan, model_type: str, requires: str | None,
+                 draft: Inventory | None) -> ModelConfig:
+    config = inv.config
+    context = config.get("max_position_embeddings")
+    hidden = config.get("hidden_size")
+    return ModelConfig(
+        model_format="safetensors",
+        model_family=model_type,
+        model_families=[model_type],
+        model_type=human_number(plan.parameter_count),
+        file_type=plan.file_type,
+        requires=requires or MIN_REQUIRES,
+        capabilities=capabilities(inv),
+        draft=draft_block(draft) if draft is not None else None,
+        architecture=inv.architecture,
+        context_length=context if isinstance(context, int) else None,
+        embedding_length=hidden if isinstance(hidden, int) else None,
+    )
+
+
+def check_requires(value: str) -> str:
+    """A Modelfile REQUIRES: semver (`v` optional), not below MIN_REQUIRES."""
+    text = value.strip().removeprefix("v")
+    parts = text.split("-")[0].split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise CreateError(f"requires {value!r} is not a valid version (major.minor.patch)")
+    if tuple(map(int, parts)) < tuple(map(int, MIN_REQUIRES.split("."))):
+        raise CreateError(f"requires {value!r} is lower than the minimum {MIN_REQUIRES}")
+    return text

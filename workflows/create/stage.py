@@ -1,0 +1,100 @@
+"""Server staging: a create's `files` map (path -> blob digest) as a real directory.
+
+Each blob is hard-linked (copied when the store's filesystem refuses) into a temp dir under the
+models dir, at its relative path, so the inventory can read a normal checkpoint layout without
+copying gigabytes. The temp dir is removed on every outcome (success, error, cancellation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from registry.digests import Digest
+from registry.errors import InvalidDigest
+from registry.store import Store
+from workflows.create.errors import CreateError
+from workflows.create.write import CancelSignal, check_cancel
+
+STAGE_PREFIX = ".create-"
+METADATA_FILES = frozenset({"config.json", "generation_config.json",
+                            "model.safetensors.index.json", "tokenizer_config.json",
+                            "chat_template.jinja"})
+GGUF_MAGIC = b"GGUF"
+
+
+def check_relpath(path: Any, field: str) -> str:
+    """A path that stays inside the staged dir: relative, `/`-separated, no `.`/`..`/empty parts."""
+    if not isinstance(path, str) or not path or path == ".":
+        raise CreateError(f"{field}: invalid path {path!r}")
+    if "\\" in path or ":" in path or path.startswith("/") or "\x00" in path:
+        raise CreateError(f"{field}: invalid path {path!r}")
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise CreateError(f"{field}: invalid path {path!r}")
+    return path
+
+
+def parse_files_map(value: Any, field: str, limit: int) -> dict[str, Digest]:
+    """Validate a `files`/`draft_files` map: at most `limit` entries, safe paths, digests."""
+    if not isinstance(value, dict):
+        raise CreateError(f"{field} must be an object mapping paths to digests")
+    if len(value) > limit:
+        raise CreateError(f"{field} has {len(value)} entries; at most {limit} are allowed")
+    out: dict[str, Digest] = {}
+    for path, digest in value.items():
+        check_relpath(path, field)
+        try:
+            out[path] = Digest.parse(digest)
+        except InvalidDigest as exc:
+            raise CreateError(f"{field}[{path!r}]: {exc.message}") from exc
+    return out
+
+
+def require_blobs(store: Store, files: Mapping[str, Digest], metadata_limit: int) -> None:
+    """Every blob present and a regular file; metadata files within their size limit."""
+    for rel, digest in files.items():
+        path = store.blob_path(digest)
+        if not path.is_file() or path.is_symlink():
+            raise CreateError(f'blob "{digest}" is missing; upload it with POST /api/blobs', rel)
+        size = path.stat().st_size
+        if PurePosixPath(rel).name in METADATA_FILES and size > metadata_limit:
+            raise CreateError(f"metadata file is {size} bytes; the limit is {metadata_limit}",
+                              rel)
+
+
+def is_gguf(store: Store, rel: str, digest: Digest) -> bool:
+    """By extension, else by the GGUF magic in the blob's first four bytes."""
+    if rel.endswith(".gguf"):
+        return True
+    if rel.endswith(".safetensors"):
+        return False
+    with open(store.blob_path(digest), "rb") as fh:
+        return fh.read(4) == GGUF_MAGIC
+
+
+@contextlib.contextmanager
+def staged_dir(store: Store, files: Mapping[str, Digest],
+               cancel: CancelSignal) -> Iterator[Path]:
+    """Link `files` into a fresh temp dir; yield it; always remove it."""
+    root = store.root / f"{STAGE_PREFIX}{secrets.token_hex(8)}"
+    root.mkdir(parents=True)
+    try:
+        for rel, digest in files.items():
+            check_cancel(cancel)
+            _link(store.blob_path(digest), root / rel)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _link(blob: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(blob, target)
+    except OSError:
+        shutil.copyfile(blob, target)

@@ -1,0 +1,184 @@
+"""Execute a plan: one safetensors blob per tensor layer, quantized one tensor at a time.
+
+Blob convention (what `runner/load.py` reads; reference 2.2). Every tensor layer's blob is a
+standalone safetensors file (u64 LE header length, JSON header padded with spaces to 8 bytes,
+data in header order). For a layer named N (the tensor name, e.g.
+`model.layers.0.self_attn.q_proj.weight`, or `draft.`-prefixed for a draft model):
+
+- unquantized: one tensor under key N, source dtype (BF16/F16/F32) and shape, bytes copied
+  unchanged from the checkpoint; no `__metadata__`.
+- quantized: key N = the packed weight, dtype U32, shape [out, in * bits / 32]; key `N.scale`
+  = scales, shape [out, in / group_size], dtype = the source dtype for affine (int4, int8) and U8
+  for nvfp4 (e4m3), mxfp4 and mxfp8 (e8m0); for affine only, key `N.bias` = biases, same shape
+  and dtype as the scales. `__metadata__` = {"quant_type": "<int4|int8|nvfp4|mxfp4|mxfp8>",
+  "group_size": "<64|64|16|32|32>"}, exactly what `mx.quantize(w, group_size, bits, mode)`
+  returned and `mx.dequantize` takes back (see runner.quant.QUANT_TYPES for bits and mode).
+- stacked experts: a blob named `<layer>.mlp.experts` holds `<layer>.mlp.experts.<proj>.weight`
+  tensors of shape [experts, out, in] (plus `.scale`/`.bias` when quantized); if the blob's
+  quantized tensors disagree, metadata is per tensor: `<key>.quant_type`, `<key>.group_size`.
+
+Memory: an unquantized tensor is streamed in 4 MiB chunks; a quantized one is read, quantized,
+serialized and released before the next, so the peak is about one tensor, not the model.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import numpy as np
+
+from registry import media_types as mt
+from registry.digests import Digest
+from registry.manifests import Descriptor
+from registry.store import Store
+from runner.quant import QuantType, load_mlx, quantize
+from workflows.create.errors import CreateCancelled
+from workflows.create.inventory import TensorInfo
+from workflows.create.plan import BlobPlan, ModelPlan, TensorPlan
+
+CHUNK_BYTES = 4 * 1024 * 1024
+_NUMPY_STORAGE = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
+Progress = Callable[[dict[str, Any]], None]
+
+
+class CancelSignal(Protocol):
+    def is_set(self) -> bool: ...
+
+
+Part = tuple[str, str, tuple[int, ...], Any]  # (key, dtype tag, shape, bytes-like or chunks)
+
+
+def check_cancel(cancel: CancelSignal) -> None:
+    if cancel.is_set():
+        raise CreateCancelled("create cancelled")
+
+
+def safetensors_header(parts: list[tuple[str, str, tuple[int, ...], int]],
+                       metadata: dict[str, str] | None) -> bytes:
+    """The length-prefixed header for tensors laid out back to back in `parts` order."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for key, dtype, shape, nbytes in parts:
+        header[key] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset,
+                                                                               offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def write_plan(plan: ModelPlan, store: Store, progress: Progress,
+               cancel: CancelSignal) -> list[Descriptor]:
+    """Write every tensor blob of `plan`; returns their layers in plan order."""
+    layers = []
+    total, done = plan.total_bytes, 0
+    for blob in plan.blobs:
+        check_cancel(cancel)
+        layers.append(write_tensor_blob(blob, store, cancel))
+        done += sum(t.source_bytes for t in blob.tensors)
+        verb = "quantizing" if any(t.quant for t in blob.tensors) else "copying"
+        progress({"status": f"{verb} {blob.name}", "total": total, "completed": done})
+    return layers
+
+
+def write_tensor_blob(blob: BlobPlan, store: Store, cancel: CancelSignal) -> Descriptor:
+    parts: list[Part] = []
+    for tensor in blob.tensors:
+        parts.extend(_quantized_parts(tensor) if tensor.quant else [_plain_part(tensor)])
+    header = safetensors_header([(k, d, s, _size(data)) for k, d, s, data in parts],
+                                _metadata(blob.tensors))
+    with store.blob_writer() as writer:
+        writer.write(header)
+        for _key, _dtype, _shape, data in parts:
+            for chunk in data if isinstance(data, Chunks) else (data,):
+                check_cancel(cancel)
+                writer.write(chunk)
+        digest = writer.commit()
+    return Descriptor(mt.TENSOR, digest, store.blob_size(digest), name=blob.name)
+
+
+def _metadata(tensors: tuple[TensorPlan, ...]) -> dict[str, str] | None:
+    quants = {t.name: t.quant for t in tensors if t.quant is not None}
+    kinds = set(quants.values())
+    if not kinds:
+        return None
+    if len(kinds) == 1 and len(quants) == len(tensors):
+        return kinds.pop().metadata()
+    out = {}
+    for name, quant in quants.items():
+        out.update({f"{name}.{k}": v for k, v in quant.metadata().items()})
+    return out
+
+
+class Chunks:
+    """A tensor's source bytes, read lazily in CHUNK_BYTES pieces (stacked sources in order)."""
+
+    def __init__(self, sources: tuple[TensorInfo, ...]) -> None:
+        self.sources = sources
+        self.nbytes = sum(s.nbytes for s in sources)
+
+    def __iter__(self) -> Iterator[bytes]:
+        for source in self.sources:
+            with open(source.file, "rb") as fh:
+                fh.seek(source.start)
+                left = source.nbytes
+                while left:
+                    chunk = fh.read(min(CHUNK_BYTES, left))
+                    if not chunk:
+                        raise OSError(f"{source.file.name}: unexpected end of file")
+                    left -= len(chunk)
+                    yield chunk
+
+
+def _size(data: Any) -> int:
+    return data.nbytes if isinstance(data, Chunks) else memoryview(data).nbytes
+
+
+def _plain_part(tensor: TensorPlan) -> Part:
+    return (tensor.name, tensor.dtype, tensor.shape, Chunks(tensor.sources))
+
+
+def load_tensor(tensor: TensorPlan) -> Any:
+    """The tensor as an MLX array in its source dtype (stacked along a new first axis)."""
+    mx = load_mlx()
+    storage = _NUMPY_STORAGE[tensor.dtype]
+    arrays = [np.fromfile(s.file, dtype=storage, count=s.elements, offset=s.start)
+              .reshape(s.shape) for s in tensor.sources]
+    host = arrays[0] if len(arrays) == 1 else np.stack(arrays)
+    weight = mx.array(host)
+    return weight.view(mx.bfloat16) if tensor.dtype == "BF16" else weight
+
+
+def _quantized_parts(tensor: TensorPlan) -> list[Part]:
+    qtype: QuantType = tensor.quant  # type: ignore[assignment]
+    quantized = quantize(load_tensor(tensor), qtype)
+    keys = {"weight": tensor.name, "scale": f"{tensor.name}.scale",
+            "bias": f"{tensor.name}.bias"}
+    return [_array_part(keys[part], quantized[part])
+            for part in ("weight", "scale", "bias") if part in quantized]
+
+
+def _array_part(key: str, array: Any) -> Part:
+    mx = load_mlx()
+    tags = {mx.uint32: "U32", mx.uint8: "U8", mx.bfloat16: "BF16", mx.float16: "F16",
+            mx.float32: "F32"}
+    tag = tags[array.dtype]
+    host = np.array(array.view(mx.uint16) if tag == "BF16" else array)
+    data = memoryview(np.ascontiguousarray(host)).cast("B")  # type: ignore[arg-type]
+    return (key, tag, tuple(array.shape), data)
+
+
+def write_file_layer(store: Store, path: Any, name: str | None, media_type: str) -> Descriptor:
+    """A staged file as a layer (JSON files keep their relative path as the name)."""
+    with open(path, "rb") as fh:
+        digest = store.write_blob_iter(iter(lambda: fh.read(CHUNK_BYTES), b""))
+    return Descriptor(media_type, digest, store.blob_size(digest), name=name)
+
+
+def write_bytes_layer(store: Store, data: bytes, media_type: str,
+                      name: str | None = None) -> Descriptor:
+    digest: Digest = store.write_blob_bytes(data)
+    return Descriptor(media_type, digest, len(data), name=name)
