@@ -98,3 +98,43 @@ def make_checkpoint(tmp_path_factory: pytest.TempPathFactory):
         return _CHECKPOINTS[key]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Endpoint URL of a real S3-compatible server: moto's server mode in a subprocess on a free
+    loopback port, or whatever FERRY_TEST_S3_ENDPOINT names (then nothing is started).
+    Credentials for moto are any strings; tests set AWS_ACCESS_KEY_ID etc. themselves."""
+    external = os.environ.get("FERRY_TEST_S3_ENDPOINT")
+    if external:
+        yield external
+        return
+    import httpx
+
+    port = free_port()
+    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("wb")
+    moto = Path(sys.executable).with_name("moto_server")
+    cmd = [str(moto)] if moto.exists() else [sys.executable, "-m", "moto.server"]
+    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"{url}/moto-api/", timeout=1)
+            break
+        except httpx.HTTPError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto_server did not start on {url}") from None
+            time.sleep(0.1)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
