@@ -1,0 +1,136 @@
+"""Overlapping and interrupted `ferry release publish` runs against S3 (moto server mode).
+
+Runs are real subprocesses of the CLI, so a kill is a real kill; the fault proxy slows uploads
+down so that the runs overlap and the kill lands mid-way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import time
+
+import pytest
+
+from ferry.cli import main
+from workflows.release import checksums
+from workflows.release.s3 import S3ReleaseStore
+from workflows.release.store import LeaseHeld, LeaseLost, ReleaseRef
+
+from .fault_proxy import FaultProxy, running
+from .s3_helpers import (
+    bucket_files,
+    cli_command,
+    cli_env,
+    client,
+    make_dist,
+    new_bucket,
+    payloads,
+    sha256sum_text,
+)
+
+pytestmark = pytest.mark.usefixtures("aws_env")
+REF = ReleaseRef.from_tag("v2.0.0")
+
+
+def _slow_puts(upstream: str, delay: float) -> FaultProxy:
+    return FaultProxy(upstream, delay=delay,
+                      match=lambda m, p: m == "PUT" and "/rel/v2.0.0/" in p)
+
+
+def _args(bucket: str, dist, *extra: str) -> list[str]:
+    return ["--tag", "v2.0.0", "--dist", str(dist), "--store", f"s3://{bucket}/rel",
+            "--retry-delays", "0.01,0.02", *extra]
+
+
+def test_two_runs_for_one_version_never_interleave(s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    runs = {label: payloads(label, 3, size=2048) for label in ("alpha", "beta")}
+    proxy = _slow_puts(s3_server, 0.15)
+    with running(proxy) as url:
+        procs = {label: subprocess.Popen(
+            cli_command(*_args(bucket, make_dist(tmp_path / label, files), "--parallel", "2",
+                               "--lease-ttl", "10", "--lease-wait", "60")),
+            env=cli_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for label, files in runs.items()}
+        outputs = {label: proc.communicate(timeout=120) for label, proc in procs.items()}
+    for label, proc in procs.items():
+        assert proc.returncode == 0, outputs[label]
+    assert any("waiting: another run holds the release lease" in err
+               for _, err in outputs.values())
+    # the asset uploads form two blocks, one run's then the other's
+    order = [e.path.rsplit("/", 1)[1].split("-")[0] for e in proxy.entries("PUT", "/rel/v2.0.0/")
+             if not e.path.endswith(checksums.CHECKSUM_FILE)]
+    switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
+    assert switches == 1, order
+    last = order[-1]
+    stored = bucket_files(s3_server, bucket, "rel/v2.0.0")
+    assert stored.pop(checksums.CHECKSUM_FILE).decode() == sha256sum_text(runs[last])
+    assert stored == runs[last]
+
+
+def test_a_run_fails_cleanly_when_told_not_to_wait(s3_server, tmp_path, capsys):
+    bucket = new_bucket(s3_server)
+    store = S3ReleaseStore(bucket, "rel", endpoint_url=s3_server)
+    lease = store.acquire_lease(REF, "other-run", ttl=60)
+    dist = make_dist(tmp_path / "dist", payloads("x", 2))
+    code = main(["release", "publish", *_args(bucket, dist, "--endpoint-url", s3_server,
+                                              "--lease-wait", "0")])
+    assert code == 1
+    assert "another run holds the release lease: other-run" in capsys.readouterr().err
+    assert bucket_files(s3_server, bucket, "rel/v2.0.0") == {}
+    lease.release()
+    store.close()
+
+
+def test_a_killed_run_leaves_no_checksum_and_the_next_run_completes(s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    killed_files = payloads("killed", 6, size=1024) | {"stale.bin": b"from the killed run"}
+    proxy = _slow_puts(s3_server, 0.3)
+    with running(proxy) as url:
+        proc = subprocess.Popen(
+            cli_command(*_args(bucket, make_dist(tmp_path / "one", killed_files),
+                               "--parallel", "1", "--lease-ttl", "2", "--lease-wait", "0")),
+            env=cli_env(url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while len([e for e in proxy.entries("PUT", "/rel/v2.0.0/")
+                   if e.outcome.startswith("forwarded")]) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait()
+    leftover = bucket_files(s3_server, bucket, "rel/v2.0.0")
+    assert leftover and checksums.CHECKSUM_FILE not in leftover
+    lock = json.loads(client(s3_server).get_object(Bucket=bucket, Key="rel/v2.0.0.lock")
+                      ["Body"].read())
+    assert lock["expires_at"] > 0  # the dead run's lease is still there, until it expires
+
+    files = payloads("next", 3, size=1024)
+    code = main(["release", "publish", *_args(bucket, make_dist(tmp_path / "two", files),
+                                              "--endpoint-url", s3_server,
+                                              "--lease-ttl", "5", "--lease-wait", "30")])
+    assert code == 0
+    stored = bucket_files(s3_server, bucket, "rel/v2.0.0")
+    assert stored.pop(checksums.CHECKSUM_FILE).decode() == sha256sum_text(files)
+    assert stored == files
+
+
+def test_lease_is_exclusive_expires_and_is_lost_to_a_takeover(s3_server):
+    bucket = new_bucket(s3_server)
+    store = S3ReleaseStore(bucket, "rel", endpoint_url=s3_server)
+    first = store.acquire_lease(REF, "first", ttl=0.5)
+    with pytest.raises(LeaseHeld) as held:
+        store.acquire_lease(REF, "second", ttl=60)
+    assert held.value.holder == "first"
+    first.renew(0.5)
+    time.sleep(0.6)
+    second = store.acquire_lease(REF, "second", ttl=60)
+    with pytest.raises(LeaseLost):
+        first.renew(60)
+    first.release()  # must not remove the second run's lease
+    with pytest.raises(LeaseHeld):
+        store.acquire_lease(REF, "third", ttl=60)
+    second.release()
+    store.acquire_lease(REF, "third", ttl=60).release()
+    store.close()
