@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from registry.errors import InvalidDigest
 
-_DIGEST_RE = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
+# \Z, not $: `$` also matches before a trailing newline, which would let "sha256:<hex>\n" pass.
+_DIGEST_RE = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})\Z")
 ALGORITHM = "sha256"
 
 

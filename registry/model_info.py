@@ -1,0 +1,119 @@
+"""What `show` and `list` report about a model's weights, from cheap sources only.
+
+GGUF models: the per-blob metadata file (`metadata/sha256-<hex>.json`, reference 2.8) that create
+and pull write; the GGUF itself is never opened here, so a model without that file shows what its
+config blob says. Tensor (MLX) models: `config.json` plus the safetensors headers of the tensor
+layers, as Ollama's `x/server/show.go` builds them (reference 2.7).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry.safetensors_header import TensorInfo
+
+# llama.cpp's LLAMA_FTYPE values, as `general.file_type` stores them.
+GGUF_FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
+    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
+    29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
+    38: "MXFP4",
+}
+
+# Keys Ollama drops from show's model_info: the display name and the (huge) chat template.
+_HIDDEN_KV = ("general.name", "tokenizer.chat_template")
+
+
+def human_number(count: int) -> str:
+    """Ollama's format.HumanNumber: 8030261248 -> "8.0B", 7000000000 -> "7B", 950 -> "950"."""
+    for scale, suffix in ((1_000_000_000, "B"), (1_000_000, "M"), (1_000, "K")):
+        if count >= scale:
+            number = count / scale
+            return f"{number:.0f}{suffix}" if number.is_integer() else f"{number:.1f}{suffix}"
+    return str(count)
+
+
+class GGUFKV:
+    """GGUF key/values from a metadata file, with Ollama's key qualification."""
+
+    def __init__(self, kv: dict[str, Any]) -> None:
+        self.kv = kv
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any] | None) -> GGUFKV | None:
+        """None when the file is absent or foreign (no `kv` object, reference 2.8)."""
+        if not metadata or not isinstance(metadata.get("kv"), dict):
+            return None
+        return cls(metadata["kv"])
+
+    @property
+    def architecture(self) -> str:
+        value = self.kv.get("general.architecture")
+        return value if isinstance(value, str) else ""
+
+    def get(self, key: str) -> Any:
+        """A key not under `general.`/`tokenizer.` is looked up under the architecture."""
+        if not key.startswith(("general.", "tokenizer.")):
+            key = f"{self.architecture}.{key}"
+        return self.kv.get(key)
+
+    def get_int(self, key: str) -> int | None:
+        value = self.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def parameter_size(self) -> str:
+        count = self.get_int("general.parameter_count")
+        return human_number(count) if count else ""
+
+    @property
+    def file_type(self) -> str:
+        value = self.get_int("general.file_type")
+        return GGUF_FILE_TYPES.get(value, "") if value is not None else ""
+
+    def model_info(self, verbose: bool) -> dict[str, Any]:
+        """Every key but the hidden ones; arrays only when verbose (Ollama sends null)."""
+        info: dict[str, Any] = {}
+        for key, value in self.kv.items():
+            if key in _HIDDEN_KV:
+                continue
+            info[key] = value if verbose or not isinstance(value, list) else None
+        return info
+
+
+def tensor_model_info(config: dict[str, Any], tensors: list[TensorInfo]) -> dict[str, Any]:
+    """model_info for a tensor model: config.json fields under Ollama's GGUF-style keys."""
+    arch = config.get("model_type") or _first(config.get("architectures")) or "unknown"
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else {}
+
+    def field(key: str) -> Any:
+        value = config.get(key)
+        return value if value is not None else text.get(key)
+
+    info: dict[str, Any] = {
+        "general.architecture": arch,
+        "general.parameter_count": sum(t.elements for t in tensors),
+    }
+    for key, suffix in (
+        ("max_position_embeddings", "context_length"),
+        ("hidden_size", "embedding_length"),
+        ("num_hidden_layers", "block_count"),
+        ("num_attention_heads", "attention.head_count"),
+        ("num_key_value_heads", "attention.head_count_kv"),
+        ("intermediate_size", "feed_forward_length"),
+        ("vocab_size", "vocab_size"),
+        ("head_dim", "attention.key_length"),
+    ):
+        value = field(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            info[f"{arch}.{suffix}"] = value
+    return info
+
+
+def _first(value: Any) -> str:
+    if isinstance(value, list) and value and isinstance(value[0], str):
+        return value[0]
+    return ""
