@@ -14,6 +14,7 @@ from registry import models_api
 from registry.api_errors import handle_ferry_error
 from registry.errors import FerryError
 from registry.store import Store
+from workflows import create_api
 
 log = logging.getLogger("ferry.server")
 
@@ -23,6 +24,7 @@ def build_model_server(settings: Settings) -> Starlette:
     store = Store(settings.models_dir)
     routes = [
         *models_api.routes,
+        *create_api.routes,
     ]
 
     @contextlib.asynccontextmanager
@@ -42,3 +44,11 @@ def build_model_server(settings: Settings) -> Starlette:
     app.state.settings = settings
     app.state.store = store
     return app
+
+
+def build_registry_app(settings: Settings) -> Starlette:
+    """The registry service: the OCI distribution API over `settings.registry_root`."""
+    from registry.service.app import build_registry_app as build
+
+    return build(settings.registry_root, max_manifest_bytes=settings.max_manifest_bytes,
+                 upload_session_ttl=settings.upload_session_ttl)

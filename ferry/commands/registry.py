@@ -1,0 +1,80 @@
+"""`ferry registry serve|gc`: run the registry service, or collect its garbage."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from ferry.config import Settings
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("registry", help="run a private OCI registry (the /v2 API)")
+    commands = parser.add_subparsers(dest="registry_command", metavar="COMMAND")
+    parser.set_defaults(func=lambda args, settings: _usage(parser))
+
+    serve = commands.add_parser("serve", help="serve the registry in the foreground "
+                                "(default 127.0.0.1:5000, FERRY_REGISTRY_HOST)")
+    serve.add_argument("--host", help="address to listen on")
+    serve.add_argument("--port", type=int, help="port to listen on")
+    serve.add_argument("--root", type=Path, help="storage directory (default "
+                       "$FERRY_HOME/registry, FERRY_REGISTRY_ROOT)")
+    serve.set_defaults(func=run_serve)
+
+    gc = commands.add_parser("gc", help="delete blobs no manifest references")
+    gc.add_argument("--root", type=Path, help="storage directory")
+    gc.add_argument("--dry-run", action="store_true", help="report what would go, delete nothing")
+    gc.add_argument("--grace", type=float, default=3600.0,
+                    help="keep unreferenced blobs written or linked this many seconds ago "
+                    "(uploads in flight) (default 3600)")
+    gc.set_defaults(func=run_gc)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 0
+
+
+def _with_flags(args: argparse.Namespace, settings: Settings) -> Settings:
+    changes: dict[str, object] = {}
+    if getattr(args, "host", None):
+        changes["registry_host"] = args.host
+    if getattr(args, "port", None):
+        changes["registry_port"] = args.port
+    if args.root:
+        changes["registry_root"] = args.root.expanduser()
+    return settings.with_(**changes) if changes else settings
+
+
+def run_serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from ferry.app import build_registry_app
+
+    settings = _with_flags(args, settings)
+    app = build_registry_app(settings)
+    print(f"registry on http://{settings.registry_host}:{settings.registry_port}, "
+          f"storing in {settings.registry_root}", flush=True)
+    uvicorn.run(app, host=settings.registry_host, port=settings.registry_port,
+                log_level="warning", timeout_graceful_shutdown=5, http="httptools",
+                loop="uvloop")
+    return 0
+
+
+def run_gc(args: argparse.Namespace, settings: Settings) -> int:
+    from registry.service.gc import collect_garbage
+    from registry.service.storage.filesystem import FilesystemStore
+
+    settings = _with_flags(args, settings)
+    store = FilesystemStore(settings.registry_root)
+    try:
+        report = asyncio.run(collect_garbage(store, grace=args.grace, dry_run=args.dry_run))
+    finally:
+        store.close()
+    verb = "would delete" if args.dry_run else "deleted"
+    for digest in report.swept:
+        print(f"{verb} {digest}")
+    print(f"{len(report.marked)} referenced, {verb} {len(report.swept)} blobs "
+          f"({report.freed_bytes} bytes), kept {len(report.kept_young)} recent unreferenced")
+    return 0

@@ -1,0 +1,102 @@
+"""Builds the registry service's Starlette app over a BlobStore (the filesystem by default)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from registry.errors import FerryError
+from registry.service import oci
+from registry.service.errors import RegistryError, handle_error
+from registry.service.registry import (
+    DEFAULT_MAX_MANIFEST_BYTES,
+    DEFAULT_UPLOAD_SESSION_TTL,
+    Registry,
+)
+from registry.service.storage.base import BlobStore
+from registry.service.storage.filesystem import FilesystemStore
+
+log = logging.getLogger("ferry.registry")
+PURGE_INTERVAL = 3600.0
+_VERSION_HEADER = (b"docker-distribution-api-version", b"registry/2.0")
+
+
+class APIVersionHeader:
+    """Adds `Docker-Distribution-API-Version` to every response, errors included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(name == _VERSION_HEADER[0] for name, _ in headers):
+                    headers.append(_VERSION_HEADER)
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
+def build_registry_app(
+    root: Path | None = None,
+    *,
+    store: BlobStore | None = None,
+    max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
+    upload_session_ttl: float = DEFAULT_UPLOAD_SESSION_TTL,
+) -> Starlette:
+    """The /v2 app over `store`, or over a FilesystemStore at `root`."""
+    if store is None:
+        if root is None:
+            raise ValueError("build_registry_app needs a root directory or a store")
+        store = FilesystemStore(root)
+    registry = Registry.open(store, max_manifest_bytes, upload_session_ttl)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if isinstance(store, FilesystemStore):
+            store.root.mkdir(parents=True, exist_ok=True)
+        purger = asyncio.create_task(_purge_forever(registry))
+        try:
+            yield
+        finally:
+            purger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purger
+            close = getattr(store, "close", None)
+            if close is not None:
+                close()
+
+    app = Starlette(
+        routes=oci.routes,
+        exception_handlers={RegistryError: handle_error, FerryError: handle_error,
+                            Exception: handle_error},
+        middleware=[],
+        lifespan=lifespan,
+    )
+    app.state.registry = registry
+    app.add_middleware(APIVersionHeader)  # type: ignore[arg-type]
+    return app
+
+
+async def _purge_forever(registry: Registry) -> None:
+    """Drop stale upload sessions now and every PURGE_INTERVAL seconds."""
+    while True:
+        try:
+            removed = await registry.uploads.purge_stale()
+            if removed:
+                log.info("purged %d stale upload sessions", len(removed))
+        except Exception:
+            log.exception("purging stale upload sessions failed")
+        await asyncio.sleep(PURGE_INTERVAL)

@@ -1,0 +1,105 @@
+"""Garbage collection: remove blob bytes that nothing references any more.
+
+Mark: every manifest a repository holds (its revisions, hence every tag's target) is a root; each
+marks its own bytes, its config and layers, its index children and its subject. Sweep: a blob
+that is not marked goes, unless it is younger than the grace period or a repository linked it
+within the grace period: that is how an upload or mount in flight, whose manifest has not
+arrived yet, keeps its blobs (uploads re-publish, so even a deduplicated blob looks young).
+Ages are read blob by blob during the sweep, so a blob touched during the mark survives.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from registry.digests import Digest
+from registry.errors import FerryError
+from registry.manifests import parse_manifest
+from registry.service import paths
+from registry.service.blobs import list_repositories
+from registry.service.storage.base import BlobStore, KeyNotFound
+
+log = logging.getLogger("ferry.registry.gc")
+DEFAULT_GRACE = 3600.0
+
+
+@dataclass
+class GCReport:
+    marked: set[Digest] = field(default_factory=set)
+    swept: list[Digest] = field(default_factory=list)
+    kept_young: list[Digest] = field(default_factory=list)
+    freed_bytes: int = 0
+
+
+async def collect_garbage(
+    store: BlobStore, grace: float = DEFAULT_GRACE, dry_run: bool = False,
+    now: float | None = None,
+) -> GCReport:
+    report = GCReport()
+    repos = await list_repositories(store)
+    for repo in repos:
+        await _mark_repository(store, repo, report.marked)
+    now = time.time() if now is None else now
+    for digest in await _all_blobs(store):
+        if digest in report.marked:
+            continue
+        touched = await _last_touched(store, digest, repos)
+        if touched is None:
+            continue
+        size, mtime = touched
+        if now - mtime < grace:
+            report.kept_young.append(digest)
+            continue
+        report.swept.append(digest)
+        report.freed_bytes += size
+        if not dry_run:
+            await _sweep(store, digest, repos)
+    return report
+
+
+async def _mark_repository(store: BlobStore, repo: str, marked: set[Digest]) -> None:
+    for hex_ in await store.list(paths.revisions_dir(repo)):
+        digest = Digest(hex_)
+        marked.add(digest)
+        try:
+            raw = await store.get(paths.blob(digest))
+            media_type = (await store.get(paths.revision_link(repo, digest))).decode()
+            manifest = parse_manifest(raw, media_type, max_bytes=len(raw))
+        except (KeyNotFound, FerryError) as exc:
+            log.warning("gc: %s@%s is unreadable (%s); marking nothing from it", repo, digest, exc)
+            continue
+        marked.update(d.digest for d in manifest.references())
+        if manifest.subject is not None:
+            marked.add(manifest.subject.digest)
+
+
+async def _last_touched(
+    store: BlobStore, digest: Digest, repos: list[str]
+) -> tuple[int, float] | None:
+    """The blob's size and the newest time it or any repository link to it was written."""
+    stat = await store.stat(paths.blob(digest))
+    if stat is None:
+        return None
+    newest = stat.mtime
+    for repo in repos:
+        link = await store.stat(paths.layer_link(repo, digest))
+        if link is not None:
+            newest = max(newest, link.mtime)
+    return stat.size, newest
+
+
+async def _all_blobs(store: BlobStore) -> list[Digest]:
+    found = []
+    for shard in await store.list(paths.BLOBS):
+        for hex_ in await store.list(f"{paths.BLOBS}/{shard}"):
+            if len(hex_) == 64:
+                found.append(Digest(hex_))
+    return found
+
+
+async def _sweep(store: BlobStore, digest: Digest, repos: list[str]) -> None:
+    await store.delete(paths.blob(digest))
+    for repo in repos:
+        await store.delete(paths.layer_link(repo, digest))

@@ -1,0 +1,202 @@
+"""The /v2 routes of the OCI distribution spec v1.1.
+
+Repository names may contain `/`, so one catch-all route takes every `/v2/<name>/<kind>/<arg>`
+path and `_dispatch` picks the handler from the path's tail and the method. Handlers raise
+RegistryError or the shared domain errors; errors.py renders them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from registry import media_types as mt
+from registry.digests import Digest
+from registry.names import parse_repository
+from registry.service import oci_blobs
+from registry.service.blobs import list_repositories
+from registry.service.errors import RegistryError
+from registry.service.oci_blobs import parse_digest
+from registry.service.registry import Registry
+from registry.service.tags import is_tag
+
+Handler = Callable[[Request, str, str], Awaitable[Response]]
+API_VERSION = {"Docker-Distribution-API-Version": "registry/2.0"}
+
+
+def _registry(request: Request) -> Registry:
+    return request.app.state.registry  # type: ignore[no-any-return]
+
+
+async def base(request: Request) -> Response:
+    return JSONResponse({}, headers=API_VERSION)
+
+
+# -- manifests ------------------------------------------------------------------------------------
+
+
+async def _resolve(reg: Registry, repo: str, reference: str) -> Digest:
+    if ":" in reference:
+        return parse_digest(reference)
+    if not is_tag(reference):
+        raise RegistryError("MANIFEST_INVALID", f"invalid tag {reference!r}")
+    digest = await reg.tags.current(repo, reference)
+    if digest is None:
+        raise RegistryError("MANIFEST_UNKNOWN", detail={"tag": reference})
+    return digest
+
+
+async def manifest_get(request: Request, repo: str, reference: str) -> Response:
+    reg = _registry(request)
+    stored = await reg.revisions.get(repo, await _resolve(reg, repo, reference))
+    headers = {"Docker-Content-Digest": str(stored.digest), "ETag": f'"{stored.digest}"',
+               "Content-Type": stored.media_type, "Content-Length": str(len(stored.raw))}
+    if request.method == "HEAD":
+        return Response(headers=headers)
+    return Response(stored.raw, headers=headers)
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RegistryError("MANIFEST_TOO_LARGE", detail={"limit": limit, "size": int(declared)})
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RegistryError("MANIFEST_TOO_LARGE", detail={"limit": limit})
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def manifest_put(request: Request, repo: str, reference: str) -> Response:
+    reg = _registry(request)
+    tag = None
+    if ":" in reference:
+        wanted = parse_digest(reference)
+    elif is_tag(reference):
+        tag = reference
+    else:
+        raise RegistryError("MANIFEST_INVALID", f"invalid tag {reference!r}")
+    raw = await _read_limited(request, reg.max_manifest_bytes)
+    if tag is None and Digest.of(raw) != wanted:
+        raise RegistryError("DIGEST_INVALID", f"the manifest's digest is {Digest.of(raw)}, "
+                            f"not {wanted}")
+    manifest = await reg.revisions.put(repo, raw, request.headers.get("content-type"))
+    if tag is not None:
+        await reg.tags.move(repo, tag, manifest.digest)
+    headers = {"Location": f"/v2/{repo}/manifests/{manifest.digest}",
+               "Docker-Content-Digest": str(manifest.digest), "Content-Length": "0"}
+    if manifest.subject is not None:
+        headers["OCI-Subject"] = str(manifest.subject.digest)
+    return Response(status_code=201, headers=headers)
+
+
+async def manifest_delete(request: Request, repo: str, reference: str) -> Response:
+    reg = _registry(request)
+    if ":" not in reference:
+        if not await reg.tags.remove(repo, reference):
+            raise RegistryError("MANIFEST_UNKNOWN", detail={"tag": reference})
+        return Response(status_code=202, headers={"Content-Length": "0"})
+    digest = parse_digest(reference)
+    await reg.revisions.delete(repo, digest)
+    for tag in await reg.tags.tags_of(repo, digest):
+        await reg.tags.remove(repo, tag)
+    return Response(status_code=202, headers={"Content-Length": "0"})
+
+
+# -- listings -------------------------------------------------------------------------------------
+
+
+def _page(request: Request, names: list[str], url: str) -> tuple[list[str], dict[str, str]]:
+    """Apply `last` and `n`; a `Link` header points at the next page when one exists."""
+    last = request.query_params.get("last")
+    if last:
+        names = [n for n in names if n > last]
+    raw_n = request.query_params.get("n")
+    if raw_n is None or raw_n == "":
+        return names, {}
+    if not raw_n.isdigit():
+        raise RegistryError("PAGINATION_NUMBER_INVALID", detail={"n": raw_n})
+    limit = int(raw_n)
+    if len(names) <= limit:
+        return names, {}
+    page = names[:limit]
+    if not page:
+        return page, {}
+    link = f'<{url}?n={limit}&last={quote(page[-1], safe="")}>; rel="next"'
+    return page, {"Link": link}
+
+
+async def tags_list(request: Request, repo: str, _: str) -> Response:
+    reg = _registry(request)
+    if not await reg.store.list(f"repositories/{repo}"):
+        raise RegistryError("NAME_UNKNOWN", detail={"name": repo})
+    tags, headers = _page(request, await reg.tags.names(repo), f"/v2/{repo}/tags/list")
+    return JSONResponse({"name": repo, "tags": tags}, headers=headers)
+
+
+async def catalog(request: Request) -> Response:
+    repos = await list_repositories(_registry(request).store)
+    page, headers = _page(request, repos, "/v2/_catalog")
+    return JSONResponse({"repositories": page}, headers={**API_VERSION, **headers})
+
+
+async def referrers(request: Request, repo: str, reference: str) -> Response:
+    subject = parse_digest(reference)
+    found = await _registry(request).revisions.referrers(repo, subject)
+    headers = {}
+    wanted = request.query_params.get("artifactType")
+    if wanted:
+        found = [d for d in found if d.get("artifactType") == wanted]
+        headers["OCI-Filters-Applied"] = "artifactType"
+    found.sort(key=lambda d: d["digest"])
+    body = {"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": found}
+    return Response(json.dumps(body).encode(), media_type=mt.OCI_INDEX, headers=headers)
+
+
+# -- dispatch -------------------------------------------------------------------------------------
+
+_ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
+    (re.compile(r"^(.+)/blobs/uploads/?()$"), {"POST": oci_blobs.upload_start}),
+    (re.compile(r"^(.+)/blobs/uploads/([^/]+)$"), {
+        "GET": oci_blobs.upload_status, "PATCH": oci_blobs.upload_patch,
+        "PUT": oci_blobs.upload_finish, "DELETE": oci_blobs.upload_cancel}),
+    (re.compile(r"^(.+)/blobs/([^/]+)$"), {
+        "GET": oci_blobs.blob_get, "HEAD": oci_blobs.blob_get, "DELETE": oci_blobs.blob_delete}),
+    (re.compile(r"^(.+)/manifests/([^/]+)$"), {
+        "GET": manifest_get, "HEAD": manifest_get, "PUT": manifest_put,
+        "DELETE": manifest_delete}),
+    (re.compile(r"^(.+)/tags/list()$"), {"GET": tags_list}),
+    (re.compile(r"^(.+)/referrers/([^/]+)$"), {"GET": referrers}),
+]
+
+
+async def _dispatch(request: Request) -> Response:
+    path = request.path_params["path"]
+    for pattern, handlers in _ROUTES:
+        match = pattern.match(path)
+        if match is None:
+            continue
+        handler = handlers.get(request.method)
+        if handler is None:
+            raise RegistryError("UNSUPPORTED", f"{request.method} is not supported here")
+        repo = parse_repository(match.group(1))
+        return await handler(request, repo, match.group(2))
+    raise RegistryError("NAME_UNKNOWN", f"no route for /v2/{path}")
+
+
+METHODS = ["GET", "HEAD", "PUT", "POST", "PATCH", "DELETE"]
+
+routes = [
+    Route("/v2/", base, methods=["GET"]),
+    Route("/v2", base, methods=["GET"]),
+    Route("/v2/_catalog", catalog, methods=["GET"]),
+    Route("/v2/{path:path}", _dispatch, methods=METHODS),
+]

@@ -1,0 +1,61 @@
+"""The BlobStore protocol: bytes by key, nothing more.
+
+A store knows nothing of digests, repositories or manifests; `paths.py` names the keys and the
+layers above give them meaning. Keys are `/`-separated relative paths. Every implementation runs
+the one conformance suite in `tests/registry/service/test_storage.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class KeyNotFound(Exception):
+    """The key holds no object (or, for `list`, no children)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Stat:
+    size: int
+    mtime: float  # seconds since the epoch of the last write
+
+
+class BlobStore(Protocol):
+    async def stat(self, key: str) -> Stat | None:
+        """Size and modification time, or None when nothing is stored at `key`."""
+
+    def read(self, key: str, offset: int = 0, length: int | None = None) -> AsyncIterator[bytes]:
+        """Stream bytes [offset, offset+length) of `key` in pieces; KeyNotFound when absent."""
+
+    async def get(self, key: str) -> bytes:
+        """The whole (small) object; KeyNotFound when absent."""
+
+    async def put(self, key: str, data: bytes) -> None:
+        """Store a small object atomically: readers see the old bytes or the new, never a mix."""
+
+    async def append(self, key: str, chunks: AsyncIterable[bytes]) -> int:
+        """Append a stream to the object at `key` (created empty if absent); return bytes written.
+
+        For staging uploads only. The bytes written before a failure stay, so the caller learns
+        the new size from `stat` and can resume from there.
+        """
+
+    async def commit(self, key: str, staged: str) -> None:
+        """Publish the staged object at `staged` as `key`, durably and atomically, then drop
+        `staged`. The caller has verified the bytes; a crash leaves either no `key` or all of it.
+        """
+
+    async def delete(self, key: str) -> None:
+        """Remove the object at `key`, or everything under it if it is a prefix; absent is fine."""
+
+    async def list(self, prefix: str) -> list[str]:
+        """Names of the direct children under `prefix`, sorted; [] when there are none."""
+
+    def redirect_url(self, key: str) -> str | None:
+        """A URL the client may fetch `key` from directly; None means the caller serves it."""

@@ -1,0 +1,201 @@
+"""Upload sessions: chunked, resumable, verified blob uploads.
+
+A session is two objects in storage (paths.upload_session, paths.upload_data), never process
+memory, so it survives a restart and any replica can continue it. The sha256 state cannot be
+serialized, so each process keeps a hasher per session as a cache: the data object only grows by
+appends at its end, so a cached hasher of the first N bytes stays right, and the process catches
+up by hashing only the bytes it has not seen (all of them after a restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+
+from registry.digests import Digest, Hasher
+from registry.service import paths
+from registry.service.blobs import Blobs, list_repositories
+from registry.service.errors import RegistryError
+from registry.service.storage.base import BlobStore
+
+_UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
+_CONTENT_RANGE = re.compile(r"^(?:bytes[ =])?(\d+)-(\d+)(?:/(?:\d+|\*))?$")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Where a PATCH says its bytes go: inclusive [start, end], from `Content-Range`."""
+
+    start: int
+    end: int
+
+    @classmethod
+    def parse(cls, header: str) -> Chunk:
+        match = _CONTENT_RANGE.match(header.strip())
+        if match is None or int(match.group(2)) < int(match.group(1)):
+            raise RegistryError("BLOB_UPLOAD_INVALID", f"invalid Content-Range {header!r}")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start + 1
+
+
+def range_header(offset: int) -> str:
+    """The `Range` a session reports: bytes received so far, inclusive (`0-0` when none)."""
+    return f"0-{max(offset - 1, 0)}"
+
+
+class Uploads:
+    def __init__(self, store: BlobStore, blobs: Blobs, ttl: float) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.ttl = ttl
+        self._hashers: dict[str, Hasher] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- session lifecycle ---------------------------------------------------------------------
+
+    async def start(self, repo: str) -> str:
+        upload_id = uuid.uuid4().hex
+        record = {"repository": repo, "started": time.time()}
+        await self.store.put(paths.upload_session(repo, upload_id), json.dumps(record).encode())
+        return upload_id
+
+    async def offset(self, repo: str, upload_id: str) -> int:
+        """Bytes received so far; BLOB_UPLOAD_UNKNOWN when there is no such session."""
+        await self._require(repo, upload_id)
+        stat = await self.store.stat(paths.upload_data(repo, upload_id))
+        return stat.size if stat else 0
+
+    async def cancel(self, repo: str, upload_id: str) -> None:
+        await self._require(repo, upload_id)
+        await self._drop(repo, upload_id)
+
+    async def _require(self, repo: str, upload_id: str) -> None:
+        if not _UPLOAD_ID.match(upload_id) or (
+            await self.store.stat(paths.upload_session(repo, upload_id)) is None
+        ):
+            raise RegistryError("BLOB_UPLOAD_UNKNOWN", detail={"uuid": upload_id})
+
+    async def _drop(self, repo: str, upload_id: str) -> None:
+        self._hashers.pop(upload_id, None)
+        self._locks.pop(upload_id, None)
+        await self.store.delete(paths.upload_dir(repo, upload_id))
+
+    def _lock(self, upload_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(upload_id, asyncio.Lock())
+
+    # -- receiving bytes -----------------------------------------------------------------------
+
+    async def append(
+        self, repo: str, upload_id: str, body: AsyncIterable[bytes], chunk: Chunk | None
+    ) -> int:
+        """Append a PATCH body; the chunk must start at the current offset (else 416 + Range)."""
+        async with self._lock(upload_id):
+            offset = await self.offset(repo, upload_id)
+            if chunk is not None and chunk.start != offset:
+                raise RegistryError(
+                    "UPLOAD_RANGE_INVALID",
+                    f"chunk starts at {chunk.start}, the upload has {offset} bytes",
+                    headers={"Range": range_header(offset), "Docker-Upload-UUID": upload_id},
+                )
+            await self._receive(repo, upload_id, offset, body)
+            return await self.offset(repo, upload_id)
+
+    async def _receive(
+        self, repo: str, upload_id: str, offset: int, body: AsyncIterable[bytes]
+    ) -> None:
+        hasher = await self._hasher(repo, upload_id, offset)
+        try:
+            await self.store.append(paths.upload_data(repo, upload_id), _tee(body, hasher))
+        finally:
+            stat = await self.store.stat(paths.upload_data(repo, upload_id))
+            if stat is None or stat.size != hasher.size:
+                self._hashers.pop(upload_id, None)  # rebuilt from storage next time
+
+    async def _hasher(self, repo: str, upload_id: str, offset: int) -> Hasher:
+        """A hasher over the session's first `offset` bytes, from cache or by rehashing."""
+        hasher = self._hashers.get(upload_id)
+        if hasher is None or hasher.size > offset:
+            hasher = Hasher()
+        if hasher.size < offset:
+            key = paths.upload_data(repo, upload_id)
+            async for piece in self.store.read(key, hasher.size, offset - hasher.size):
+                hasher.update(piece)
+        self._hashers[upload_id] = hasher
+        return hasher
+
+    async def finish(
+        self, repo: str, upload_id: str, digest: Digest, body: AsyncIterable[bytes] | None
+    ) -> None:
+        """Take an optional last chunk, verify the digest, publish the blob and link it.
+
+        A mismatch is DIGEST_INVALID and publishes nothing; the session is dropped.
+        """
+        async with self._lock(upload_id):
+            offset = await self.offset(repo, upload_id)
+            if body is not None:
+                await self._receive(repo, upload_id, offset, body)
+                offset = await self.offset(repo, upload_id)
+            actual = (await self._hasher(repo, upload_id, offset)).digest()
+            if actual != digest:
+                await self._drop(repo, upload_id)
+                raise RegistryError(
+                    "DIGEST_INVALID",
+                    f'digest mismatch, expected "{digest}", got "{actual}"',
+                    detail={"expected": str(digest), "actual": str(actual)},
+                )
+            # Publish even when the bytes exist: the fresh copy's mtime keeps gc's grace period
+            # from sweeping a blob this upload is about to link.
+            await self.store.commit(paths.blob(digest), paths.upload_data(repo, upload_id))
+            await self.blobs.link(repo, digest)
+            await self._drop(repo, upload_id)
+
+    # -- housekeeping --------------------------------------------------------------------------
+
+    async def purge_stale(self, now: float | None = None) -> list[str]:
+        """Remove sessions started more than `ttl` seconds ago; return their ids."""
+        now = time.time() if now is None else now
+        removed: list[str] = []
+        for repo in await list_repositories(self.store):
+            for upload_id in await self.store.list(paths.uploads_dir(repo)):
+                if now - await self._started(repo, upload_id) > self.ttl:
+                    await self._drop(repo, upload_id)
+                    removed.append(upload_id)
+        return removed
+
+    async def _started(self, repo: str, upload_id: str) -> float:
+        stat = await self.store.stat(paths.upload_session(repo, upload_id))
+        if stat is None:  # a half-created or foreign directory: age it by its data, if any
+            data = await self.store.stat(paths.upload_data(repo, upload_id))
+            return data.mtime if data else 0.0
+        try:
+            record = json.loads(await self.store.get(paths.upload_session(repo, upload_id)))
+            return float(record["started"])
+        except (ValueError, KeyError, TypeError):
+            return stat.mtime
+
+    async def newest_activity(self) -> float | None:
+        """When the most recent live session last received bytes (gc's in-flight guard)."""
+        newest: float | None = None
+        for repo in await list_repositories(self.store):
+            for upload_id in await self.store.list(paths.uploads_dir(repo)):
+                for key in (paths.upload_session(repo, upload_id),
+                            paths.upload_data(repo, upload_id)):
+                    stat = await self.store.stat(key)
+                    if stat and (newest is None or stat.mtime > newest):
+                        newest = stat.mtime
+        return newest
+
+
+async def _tee(body: AsyncIterable[bytes], hasher: Hasher) -> AsyncIterator[bytes]:
+    async for chunk in body:
+        if chunk:
+            hasher.update(chunk)
+            yield chunk
