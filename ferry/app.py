@@ -15,7 +15,6 @@ from registry.api_errors import handle_ferry_error
 from registry.errors import FerryError
 from registry.store import Store
 from workflows import create_api
-from workflows import create_api
 
 log = logging.getLogger("ferry.server")
 
