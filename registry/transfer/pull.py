@@ -1,0 +1,225 @@
+"""Pull: manifest, then every missing blob in parallel Range parts, verified, manifest last.
+
+Blobs already in the store are skipped. Each missing blob is split into parts (size/16 clamped to
+[100 MB, 1000 MB]) fetched with `Range` into its `-partial` file, all blobs and parts sharing
+one bound of `max_streams` concurrent bodies. Progress is checkpointed per part, so a pull that
+is cancelled, killed or cut off resumes from what is on disk. A blob gets its final name only
+after its sha256 and size match; the manifest is written last, atomically; then the blobs only
+the replaced manifest used are removed (unless noprune).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from registry import media_types as mt
+from registry.api_stream import progress
+from registry.digests import Digest
+from registry.errors import DigestMismatch, FerryError, InvalidManifest, NotFound, TooLarge
+from registry.manifests import Descriptor, Manifest, parse_manifest
+from registry.names import Name
+from registry.store import Store
+from registry.transfer.client import RegistryClient, TransferOptions, parse_target
+from registry.transfer.errors import TransferError
+from registry.transfer.partial import OrderedHasher, Part, PartialBlob
+from registry.transfer.retry import ShortRead
+
+Progress = Callable[[dict[str, Any]], None]
+_WRITE_BATCH = 1024 * 1024
+
+
+class ManifestError(TransferError):
+    """Fetching or reading the manifest failed (Ollama's "pull model manifest: ...")."""
+
+
+async def pull(model: str, store: Store, options: TransferOptions, report: Progress) -> None:
+    """Pull `model` into `store`, calling `report` with Ollama's progress messages."""
+    name, base = parse_target(model, options.insecure)
+    async with RegistryClient(name, base, options) as client:
+        report(progress("pulling manifest"))
+        manifest = await _fetch_manifest(client, name)
+        blobs = _unique_blobs(manifest)
+        streams = asyncio.Semaphore(options.max_streams)
+        async with asyncio.TaskGroup() as group:
+            for desc in blobs:
+                group.create_task(BlobPull(client, store, desc, streams, report).run())
+    report(progress("verifying sha256 digest"))
+    report(progress("writing manifest"))
+    previous = _current_manifest(store, name)
+    await asyncio.to_thread(store.write_manifest, name, manifest.raw)
+    if previous is not None and previous != manifest.raw and not options.noprune:
+        report(progress("removing unused layers"))
+        await asyncio.to_thread(store.remove_unused_after_replace, previous)
+    report(progress("success"))
+
+
+def _current_manifest(store: Store, name: Name) -> bytes | None:
+    with contextlib.suppress(NotFound):
+        return store.read_manifest(name)
+    return None
+
+
+def _unique_blobs(manifest: Manifest) -> list[Descriptor]:
+    seen: dict[Digest, Descriptor] = {}
+    for desc in manifest.references():
+        seen.setdefault(desc.digest, desc)
+    return list(seen.values())
+
+
+async def _fetch_manifest(client: RegistryClient, name: Name) -> Manifest:
+    reference = name.digest or name.tag
+    try:
+        raw, content_type = await client.options.retry.run(
+            "pull model manifest", lambda _n: _get_manifest(client, reference))
+        manifest = parse_manifest(raw, content_type, client.options.max_manifest_bytes)
+    except (FerryError, httpx.HTTPError) as exc:
+        raise ManifestError(f"pull model manifest: {exc}") from exc
+    if name.digest and Digest.of(raw) != Digest.parse(name.digest):
+        mismatch = DigestMismatch(name.digest, str(Digest.of(raw)))
+        raise ManifestError(f"pull model manifest: {mismatch}")
+    if manifest.is_index:
+        raise ManifestError("pull model manifest: the reference is an index of several "
+                            "manifests; name one of them by digest")
+    return manifest
+
+
+async def _get_manifest(client: RegistryClient, reference: str) -> tuple[bytes, str | None]:
+    accept = ", ".join([mt.DOCKER_MANIFEST, mt.OCI_MANIFEST, mt.OCI_INDEX,
+                        mt.DOCKER_MANIFEST_LIST])
+    reply = await client.request("GET", client.url(f"manifests/{reference}"),
+                                 headers={"Accept": accept})
+    limit = client.options.max_manifest_bytes
+    try:
+        body = bytearray()
+        async for chunk in reply.response.aiter_bytes():
+            body += chunk
+            if len(body) > limit:
+                raise TooLarge("manifest", limit, len(body))
+    finally:
+        await reply.aclose()
+    claimed = reply.response.headers.get("docker-content-digest")
+    if claimed and Digest.is_valid(claimed) and Digest.parse(claimed) != Digest.of(bytes(body)):
+        raise InvalidManifest(f"Docker-Content-Digest {claimed} does not match the body")
+    return bytes(body), reply.response.headers.get("content-type")
+
+
+class BlobPull:
+    """One blob: skip if present, else fetch its parts, hash in order, verify, publish."""
+
+    def __init__(self, client: RegistryClient, store: Store, desc: Descriptor,
+                 streams: asyncio.Semaphore, report: Progress) -> None:
+        self.client = client
+        self.store = store
+        self.desc = desc
+        self.streams = streams
+        self.report = report
+        self.status = f"pulling {desc.digest.short}"
+        self.parts: list[Part] = []
+        self._last_report = 0.0
+        self._hasher: OrderedHasher | None = None
+
+    def _progress(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_report >= self.client.options.progress_interval:
+            self._last_report = now
+            done = sum(p.completed for p in self.parts) if self.parts else self.desc.size
+            self.report(progress(self.status, str(self.desc.digest), self.desc.size, done))
+
+    async def run(self) -> None:
+        if await asyncio.to_thread(self._already_present):
+            self._progress(force=True)
+            return
+        partial = PartialBlob(self.store.blobs_dir, self.desc)
+        size = self.client.options.part_size(self.desc.size)
+        self.parts = await asyncio.to_thread(partial.load_parts, size)
+        await asyncio.to_thread(partial.open, self.parts)
+        self._progress(force=True)
+        hasher = self._hasher = OrderedHasher(partial.path, self.parts, self.desc.size)
+        hashing = asyncio.ensure_future(asyncio.to_thread(hasher.run))
+        try:
+            async with asyncio.TaskGroup() as group:
+                for part in self.parts:
+                    if part.remaining:
+                        group.create_task(self._fetch_part(partial, part))
+            result = await hashing
+        finally:
+            hasher.stop()
+            await asyncio.gather(hashing, return_exceptions=True)
+            partial.close()
+        self._progress(force=True)
+        await asyncio.to_thread(self._publish, partial, result)
+
+    def _already_present(self) -> bool:
+        path = self.store.blob_path(self.desc.digest)
+        try:
+            return path.stat().st_size == self.desc.size
+        except FileNotFoundError:
+            return False
+
+    def _publish(self, partial: PartialBlob, result: tuple[Digest, int] | None) -> None:
+        digest, size = result if result is not None else (None, -1)
+        if digest != self.desc.digest or size != self.desc.size:
+            partial.remove()
+            raise DigestMismatch(str(self.desc.digest), str(digest))
+        partial.finish()
+        self.store.publish_blob(partial.path, self.desc.digest)
+
+    async def _fetch_part(self, partial: PartialBlob, part: Part) -> None:
+        async def attempt(_n: int) -> None:
+            async with self.streams:
+                await self._stream_part(partial, part)
+
+        await self.client.options.retry.run(self.status, attempt)
+
+    async def _stream_part(self, partial: PartialBlob, part: Part) -> None:
+        if not part.remaining:
+            return
+        last = part.offset + part.size - 1
+        headers = {"Range": f"bytes={part.next_byte}-{last}", "Accept-Encoding": "identity"}
+        reply = await self.client.request("GET", self.client.url(f"blobs/{self.desc.digest}"),
+                                          headers=headers, ok=(200, 206))
+        try:
+            if reply.status == 200 and not (part.next_byte == 0 and part.size == self.desc.size):
+                raise TransferError(f"{self.status}: the registry ignored the Range request")
+            await self._copy_body(reply.response, partial, part)
+        finally:
+            await reply.aclose()
+            await asyncio.to_thread(partial.save, part)
+        if part.remaining:
+            raise ShortRead(f"{self.status}: the body ended {part.remaining} bytes early")
+
+    async def _copy_body(self, response: httpx.Response, partial: PartialBlob,
+                         part: Part) -> None:
+        buffer = bytearray()
+        since_checkpoint = 0
+        checkpoint = self.client.options.checkpoint_bytes
+        try:
+            async for chunk in response.aiter_raw():
+                if len(buffer) + len(chunk) > part.remaining:
+                    raise TransferError(f"{self.status}: the registry sent more bytes than asked")
+                buffer += chunk
+                if len(buffer) >= _WRITE_BATCH:
+                    await asyncio.to_thread(partial.write, buffer, part.next_byte)
+                    part.completed += len(buffer)
+                    since_checkpoint += len(buffer)
+                    buffer = bytearray()
+                    self._after_write()
+                    if since_checkpoint >= checkpoint:
+                        await asyncio.to_thread(partial.save, part)
+                        since_checkpoint = 0
+        finally:
+            if buffer:  # also on cancel: keep what arrived, so a resume does not refetch it
+                partial.write(buffer, part.next_byte)
+                part.completed += len(buffer)
+                self._after_write()
+
+    def _after_write(self) -> None:
+        if self._hasher is not None:
+            self._hasher.wake()
+        self._progress()
