@@ -10,17 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from registry.gguf import FILE_TYPES
 from registry.safetensors_header import TensorInfo
-
-# llama.cpp's LLAMA_FTYPE values, as `general.file_type` stores them.
-GGUF_FILE_TYPES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
-    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
-    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
-    29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
-    38: "MXFP4",
-}
 
 # Keys Ollama drops from show's model_info: the display name and the (huge) chat template.
 _HIDDEN_KV = ("general.name", "tokenizer.chat_template")
@@ -71,7 +62,7 @@ class GGUFKV:
     @property
     def file_type(self) -> str:
         value = self.get_int("general.file_type")
-        return GGUF_FILE_TYPES.get(value, "") if value is not None else ""
+        return FILE_TYPES.get(value, "") if value is not None else ""
 
     def model_info(self, verbose: bool) -> dict[str, Any]:
         """Every key but the hidden ones; arrays only when verbose (Ollama sends null)."""
