@@ -53,7 +53,7 @@ def run_publish(args: argparse.Namespace, settings: Settings) -> int:
     from workflows.release.store import ReleaseError
     from workflows.release.stores import StoreOptions, open_store
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines for grep
     options = PublishOptions(retry_delays=args.retry_delays, parallel=max(1, args.parallel),
                              lease_ttl=args.lease_ttl, lease_wait=args.lease_wait,
                              lease_poll=min(5.0, max(0.2, args.lease_ttl / 10)))
@@ -81,7 +81,7 @@ class _Renderer:
 
     def __init__(self, console: Console) -> None:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                 console=console)
+                                 console=console, redirect_stdout=False, redirect_stderr=False)
         self.tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> _Renderer:
@@ -114,9 +114,11 @@ def _print_summary(report: object) -> None:
     from workflows.release.job import PublishReport
 
     assert isinstance(report, PublishReport)
-    table = Table(title=f"release {report.ref.name} (tag {report.ref.tag}, {report.retag})")
+    console = Console(width=120)
+    console.print(f"release {report.ref.name}: tag {report.ref.tag}, {report.retag}")
+    table = Table(title=f"release {report.ref.name}")
     for column in ("asset", "size", "attempts", "status"):
         table.add_column(column)
     for asset in report.assets:
         table.add_row(asset.name, str(asset.size), str(asset.attempts), asset.status)
-    Console(width=120).print(table)
+    console.print(table)
