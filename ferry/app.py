@@ -14,6 +14,8 @@ from registry import models_api
 from registry.api_errors import handle_ferry_error
 from registry.errors import FerryError
 from registry.store import Store
+from runner import chat_api, openai_api
+from runner.scheduler import Scheduler
 from workflows import create_api
 
 log = logging.getLogger("ferry.server")
@@ -25,7 +27,10 @@ def build_model_server(settings: Settings) -> Starlette:
     routes = [
         *models_api.routes,
         *create_api.routes,
+        *chat_api.routes,
+        *openai_api.routes,
     ]
+    scheduler = Scheduler(settings, store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -34,7 +39,10 @@ def build_model_server(settings: Settings) -> Starlette:
             removed = await asyncio.to_thread(store.prune)
             if removed:
                 log.info("pruned %d unused files from %s", len(removed), store.root)
-        yield
+        try:
+            yield
+        finally:
+            await scheduler.close()  # every runner killed and reaped before the server exits
 
     app = Starlette(
         routes=routes,
@@ -43,6 +51,7 @@ def build_model_server(settings: Settings) -> Starlette:
     )
     app.state.settings = settings
     app.state.store = store
+    app.state.scheduler = scheduler
     return app
 
 

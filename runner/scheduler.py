@@ -59,6 +59,11 @@ def runner_command(name: str, port: int) -> list[str]:
     return [sys.executable, "-m", "ferry.cli", "runner", "--model", name, "--port", str(port)]
 
 
+def _key(name: str) -> str:
+    """Runner table key: names compare case-insensitively, as in Ollama."""
+    return name.lower()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -137,12 +142,12 @@ class Scheduler:
         return sorted(ready, key=lambda r: r.last_used, reverse=True)
 
     def get(self, name: Name) -> RunnerProcess | None:
-        return self._runners.get(str(name))
+        return self._runners.get(_key(str(name)))
 
     async def unload(self, name: Name) -> bool:
         """Stop `name`'s runner now if idle, else as soon as its requests finish."""
         async with self._cond:
-            runner = self._runners.get(str(name))
+            runner = self._runners.get(_key(str(name)))
             if runner is None:
                 return False
             runner.stop_when_idle = True
@@ -170,7 +175,7 @@ class Scheduler:
             while True:
                 if self._closed:
                     raise SchedulerClosed()
-                runner = self._runners.get(key)
+                runner = self._runners.get(_key(key))
                 if runner is not None and (runner.broken or not runner.alive or (
                         runner.digest != digest and runner.refs == 0)):
                     await self._stop(runner)
@@ -221,7 +226,7 @@ class Scheduler:
             raise RunnerError(f"could not start the runner for {key}: {exc}") from exc
         runner = RunnerProcess(key, digest, port, process, size)
         runner.take()
-        self._runners[key] = runner
+        self._runners[_key(key)] = runner
         runner.ready = self._spawn_task(self._wait_ready(runner))
         return runner
 
@@ -231,7 +236,7 @@ class Scheduler:
             await runner.wait_ready(self.settings.load_timeout, self.poll_interval)
         except BaseException:
             async with self._cond:
-                if self._runners.get(runner.name) is runner:
+                if self._runners.get(_key(runner.name)) is runner:
                     await self._stop(runner)
             raise
 
@@ -247,7 +252,7 @@ class Scheduler:
     async def _after_idle(self, runner: RunnerProcess) -> None:
         """A runner went idle: stop it if broken or keep_alive is 0, else arm its timer."""
         async with self._cond:
-            if self._runners.get(runner.name) is runner and runner.refs == 0:
+            if self._runners.get(_key(runner.name)) is runner and runner.refs == 0:
                 if (runner.broken or not runner.alive or runner.stop_when_idle
                         or runner.keep_alive == 0):
                     await self._stop(runner)
@@ -258,7 +263,7 @@ class Scheduler:
     def _expire(self, runner: RunnerProcess) -> None:
         async def expire() -> None:
             async with self._cond:
-                if (self._runners.get(runner.name) is runner and runner.refs == 0
+                if (self._runners.get(_key(runner.name)) is runner and runner.refs == 0
                         and runner.expired()):
                     log.info("keep_alive expired for %s", runner.name)
                     await self._stop(runner)
@@ -269,8 +274,8 @@ class Scheduler:
         """Kill and reap `runner`, then forget it (caller holds the lock)."""
         runner.cancel_expiry()
         await asyncio.to_thread(runner.stop, self.stop_grace)
-        if self._runners.get(runner.name) is runner:
-            del self._runners[runner.name]
+        if self._runners.get(_key(runner.name)) is runner:
+            del self._runners[_key(runner.name)]
         self._cond.notify_all()
 
     def _spawn_task(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

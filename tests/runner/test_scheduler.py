@@ -7,18 +7,14 @@ standard library); the real runner is exercised end to end in test_chat_api.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
+from runner_fakes import add_model, fake_command
 
-from registry import media_types as mt
-from registry.manifests import Descriptor, build_manifest
 from registry.names import Name
 from runner.scheduler import (
     InsufficientMemory,
@@ -27,25 +23,7 @@ from runner.scheduler import (
     SchedulerClosed,
 )
 
-FAKE = Path(__file__).with_name("fake_runner.py")
 MiB = 1024 * 1024
-
-
-def fake_command(*extra: str):
-    def command(name: str, port: int) -> list[str]:
-        return [sys.executable, str(FAKE), "--model", name, "--port", str(port), *extra]
-    return command
-
-
-def add_model(store, text: str, tensor_bytes: int = 1024) -> Name:
-    """A manifest with one tensor layer of `tensor_bytes`, enough for the scheduler's sizing."""
-    config = json.dumps({"model_format": "safetensors"}).encode()
-    cfg = Descriptor(mt.DOCKER_CONFIG, store.write_blob_bytes(config), len(config))
-    data = os.urandom(tensor_bytes)
-    layer = Descriptor(mt.TENSOR, store.write_blob_bytes(data), len(data), name="w")
-    name = Name.parse_valid(text)
-    store.write_manifest(name, build_manifest(cfg, [layer]))
-    return name
 
 
 async def generate(lease, num_predict: int | None = None) -> str:

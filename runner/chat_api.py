@@ -1,0 +1,225 @@
+"""Ollama's generate, chat and ps routes (reference 4.6) over the scheduler's runners.
+
+A handler turns the request into a runner request (docs/runner-protocol.md) with the model's
+defaults merged in, runs it through runner/completion.py, and renders Ollama's fields: text
+pieces as `response` (generate) or `message` (chat), then a final object with `done_reason` and
+the durations in nanoseconds. An empty prompt (or no messages) only loads the model, or unloads it
+with `keep_alive: 0`, which is how `ferry stop` and `ollama stop` work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from registry.api_errors import APIError, error_message, read_json
+from registry.errors import FerryError
+from registry.names import Name
+from runner.chat_request import (
+    ModelDefaults,
+    expires_iso,
+    load_model_defaults,
+    merge_options,
+    now_iso,
+    parse_keep_alive,
+    parse_name,
+    refuse_unsupported,
+)
+from runner.completion import CompletionJob, Stats, collect, run_completion, start_stream
+from runner.json_format import JSONFormat, with_instruction
+from runner.scheduler import Scheduler
+
+NDJSON = "application/x-ndjson"
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_name", "thinking")
+
+
+def _scheduler(request: Request) -> Scheduler:
+    return request.app.state.scheduler
+
+
+async def _model(request: Request, body: dict[str, Any]) -> ModelDefaults:
+    name = parse_name(body.get("model") or body.get("name"))
+    return await asyncio.to_thread(load_model_defaults, request.app.state.store, name)
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+
+
+def _piece(kind: str, model: str, text: str) -> dict[str, Any]:
+    content: Any = {"role": "assistant", "content": text} if kind == "message" else text
+    return {"model": model, "created_at": now_iso(), kind: content, "done": False}
+
+
+def _final(kind: str, model: str, stats: Stats, text: str = "") -> dict[str, Any]:
+    out = _piece(kind, model, text)
+    out["done"] = True
+    out.update(stats.ollama_fields())
+    return out
+
+
+async def _respond(kind: str, model: str, job: CompletionJob, stream: bool) -> Response:
+    """Run the job; NDJSON pieces when streaming, else one object with the whole text."""
+    items = run_completion(job)
+    if not stream:
+        text, stats = await collect(items)
+        return JSONResponse(_final(kind, model, stats, text))
+    first, rest = await start_stream(items)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            item = first
+            while item is not None:
+                if isinstance(item, Stats):
+                    yield _line(_final(kind, model, item))
+                else:
+                    yield _line(_piece(kind, model, item))
+                item = await anext(rest, None)
+        except (FerryError, OSError) as exc:
+            yield _line({"error": error_message(exc)})
+        finally:
+            await rest.aclose()  # type: ignore[attr-defined]
+
+    return StreamingResponse(body(), media_type=NDJSON)
+
+
+async def _load_or_unload(request: Request, kind: str, model: ModelDefaults, shown: str,
+                          keep_alive: float | None) -> Response:
+    """No prompt: load the model (and hold it for keep_alive), or unload it for keep_alive 0."""
+    stats = Stats(done_reason="load")
+    scheduler = _scheduler(request)
+    if keep_alive == 0:
+        await scheduler.unload(model.name)
+        stats.done_reason = "unload"
+    else:
+        lease = await scheduler.acquire(model.name, keep_alive)
+        lease.release()
+        stats.load_duration = int(lease.load_duration * 1e9)
+    return JSONResponse(_final(kind, shown, stats))
+
+
+def _refuse_fields(body: dict[str, Any], *names: str) -> None:
+    for field in names:
+        if body.get(field):
+            raise APIError(400, f"{field} is not supported by ferry's runner")
+
+
+async def generate(request: Request) -> Response:
+    """POST /api/generate."""
+    started = time.monotonic()
+    body = await read_json(request)
+    model = await _model(request, body)
+    shown = str(body.get("model") or body.get("name"))
+    keep_alive = parse_keep_alive(body.get("keep_alive"))
+    prompt = body.get("prompt") or ""
+    if not isinstance(prompt, str):
+        raise APIError(400, "prompt must be a string")
+    refuse_unsupported(model, body, bool(body.get("images")))
+    _refuse_fields(body, "suffix", "template", "context")
+    if not prompt:
+        return await _load_or_unload(request, "response", model, shown, keep_alive)
+    fmt = JSONFormat.parse(body.get("format"))
+    runner_body = _generate_body(model, body, prompt, fmt)
+    job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started)
+    return await _respond("response", shown, job, body.get("stream", True) is not False)
+
+
+def _generate_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
+                   fmt: JSONFormat | None) -> dict[str, Any]:
+    """Raw prompts go verbatim; others render as [system?, seed messages..., user]."""
+    out: dict[str, Any] = {"options": merge_options(model, body.get("options")),
+                           "truncate": body.get("truncate", True) is not False}
+    if body.get("raw"):
+        return {**out, "prompt": prompt, "raw": True}
+    system = body.get("system") or model.system
+    messages = [{"role": "system", "content": system}] if system else []
+    messages += [*model.messages, {"role": "user", "content": prompt}]
+    if fmt is not None:
+        messages = with_instruction(messages, fmt)
+    return {**out, "messages": messages}
+
+
+def chat_messages(model: ModelDefaults, raw: Any) -> tuple[list[dict[str, Any]], bool]:
+    """The conversation to render: seed messages and SYSTEM default first; has images?"""
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
+        raise APIError(400, "messages must be a list of objects")
+    has_images = any(m.get("images") for m in raw)
+    cleaned = []
+    for message in raw:
+        if not isinstance(message.get("role"), str):
+            raise APIError(400, "every message needs a role")
+        cleaned.append({k: message[k] for k in _MESSAGE_KEYS if message.get(k) is not None})
+    if not cleaned:
+        return [], has_images
+    messages = [*model.messages, *cleaned]
+    if cleaned[0]["role"] != "system" and model.system:
+        messages.insert(0, {"role": "system", "content": model.system})
+    return messages, has_images
+
+
+async def chat(request: Request) -> Response:
+    """POST /api/chat."""
+    started = time.monotonic()
+    body = await read_json(request)
+    model = await _model(request, body)
+    shown = str(body.get("model") or body.get("name"))
+    keep_alive = parse_keep_alive(body.get("keep_alive"))
+    messages, has_images = chat_messages(model, body.get("messages"))
+    refuse_unsupported(model, body, has_images)
+    if not messages:
+        return await _load_or_unload(request, "message", model, shown, keep_alive)
+    fmt = JSONFormat.parse(body.get("format"))
+    runner_body = chat_runner_body(model, messages, body.get("options"), body.get("tools"),
+                                   fmt, body.get("truncate", True) is not False)
+    job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started)
+    return await _respond("message", shown, job, body.get("stream", True) is not False)
+
+
+def chat_runner_body(model: ModelDefaults, messages: list[dict[str, Any]], options: Any,
+                     tools: Any, fmt: JSONFormat | None, truncate: bool) -> dict[str, Any]:
+    """The runner's /v1/completions body for a conversation (also used by the OpenAI route)."""
+    if fmt is not None:
+        messages = with_instruction(messages, fmt)
+    out: dict[str, Any] = {"messages": messages, "options": merge_options(model, options),
+                           "truncate": truncate}
+    if tools:
+        if not isinstance(tools, list):
+            raise APIError(400, "tools must be a list")
+        out["tools"] = tools
+    return out
+
+
+async def ps(request: Request) -> JSONResponse:
+    """GET /api/ps: the loaded models, most recently used first, with the runner's compute."""
+    models = []
+    for runner in _scheduler(request).running():
+        name = Name.parse(runner.name)
+        try:
+            details = (await asyncio.to_thread(
+                load_model_defaults, request.app.state.store, name)).details()
+        except (FerryError, OSError, ValueError):
+            details = {}
+        models.append({
+            "name": name.display_shortest(), "model": name.display_shortest(),
+            "size": runner.size, "digest": runner.digest, "details": details,
+            "expires_at": expires_iso(runner.until()), "size_vram": 0,
+            "context_length": runner.status.get("context_length", 0),
+            "compute": runner.status.get("compute", ""),
+        })
+    return JSONResponse({"models": models})
+
+
+routes = [
+    Route("/api/generate", generate, methods=["POST"]),
+    Route("/api/chat", chat, methods=["POST"]),
+    Route("/api/ps", ps, methods=["GET"]),
+]

@@ -1,0 +1,157 @@
+"""What a generate or chat request asks of a model, before any runner is involved.
+
+Reads the model's defaults from its manifest layers (PARAMETER -> params, SYSTEM -> system,
+MESSAGE -> messages), merges request options over them, parses `keep_alive`, and refuses what
+the model cannot do (images for a text-only model) with a clear 400 instead of a runner error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from registry import media_types as mt
+from registry.api_errors import APIError
+from registry.manifests import Manifest, ModelConfig
+from registry.names import Name
+from registry.store import Store
+
+# Options the runner understands (docs/runner-protocol.md); Ollama ignores the rest too.
+RUNNER_OPTIONS = frozenset({"temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                            "repeat_last_n", "seed", "stop", "num_predict", "num_ctx"})
+FOREVER_YEARS = 290
+_LAYER_LIMIT = 1024 * 1024
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+                 "h": 3600.0}
+
+
+@dataclass
+class ModelDefaults:
+    """A stored model's manifest and the request defaults its layers carry."""
+
+    name: Name
+    digest: str
+    manifest: Manifest
+    config: ModelConfig
+    params: dict[str, Any] = field(default_factory=dict)
+    system: str | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def capabilities(self) -> list[str]:
+        return list(self.config.capabilities or ["completion"])
+
+    def details(self) -> dict[str, Any]:
+        """Ollama's `details` object, from the config blob."""
+        return {"parent_model": "", "format": self.config.model_format,
+                "family": self.config.model_family,
+                "families": self.config.model_families or None,
+                "parameter_size": self.config.model_type,
+                "quantization_level": self.config.file_type}
+
+
+def _layer_text(store: Store, manifest: Manifest, media_type: str) -> str | None:
+    layers = manifest.layers_of(media_type)
+    if not layers or layers[-1].size > _LAYER_LIMIT:
+        return None
+    return store.read_blob(layers[-1].digest).decode("utf-8", errors="replace")
+
+
+def load_model_defaults(store: Store, name: Name) -> ModelDefaults:
+    """Read `name`'s manifest, config and default layers (blocking: call off the loop)."""
+    entry = store.get_model(name)
+    manifest = entry.manifest()
+    config = ModelConfig()
+    if manifest.config is not None and manifest.config.size <= _LAYER_LIMIT:
+        config = ModelConfig.from_json(store.read_blob(manifest.config.digest))
+    model = ModelDefaults(name, entry.digest.hex, manifest, config)
+    params = _layer_text(store, manifest, mt.PARAMS)
+    if params:
+        loaded = json.loads(params)
+        model.params = loaded if isinstance(loaded, dict) else {}
+    model.system = _layer_text(store, manifest, mt.SYSTEM)
+    messages = _layer_text(store, manifest, mt.MESSAGES)
+    if messages:
+        loaded = json.loads(messages)
+        model.messages = [m for m in loaded if isinstance(m, dict)] if isinstance(
+            loaded, list) else []
+    return model
+
+
+def parse_name(value: Any) -> Name:
+    if not isinstance(value, str) or not value:
+        raise APIError(400, "model is required")
+    return Name.parse_valid(value)
+
+
+def parse_keep_alive(value: Any) -> float | None:
+    """Seconds from a number or a Go duration ("5m", "1h30m", "-1s", "300"); None if absent.
+
+    Negative keeps the model loaded forever, 0 unloads it as soon as the request ends.
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise APIError(400, "keep_alive must be a duration like \"5m\" or a number of seconds")
+    if isinstance(value, int | float):
+        return float(value)
+    if not isinstance(value, str):
+        raise APIError(400, "keep_alive must be a duration like \"5m\" or a number of seconds")
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    parts = _GO_DURATION.findall(body)
+    if not parts or "".join(n + u for n, u in parts) != body:
+        raise APIError(400, f"invalid keep_alive duration {value!r}")
+    return sign * sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def merge_options(model: ModelDefaults, requested: Any) -> dict[str, Any]:
+    """The model's PARAMETER defaults overlaid with the request's options (request wins)."""
+    if requested is not None and not isinstance(requested, dict):
+        raise APIError(400, "options must be an object")
+    merged = {**model.params, **(requested or {})}
+    options = {k: v for k, v in merged.items() if k in RUNNER_OPTIONS and v is not None}
+    if isinstance(options.get("stop"), str):
+        options["stop"] = [options["stop"]]
+    return options
+
+
+def refuse_unsupported(model: ModelDefaults, body: dict[str, Any], has_images: bool) -> None:
+    """400 for what this model or ferry's runner cannot do, before anything is loaded."""
+    shown = model.name.display_shortest()
+    caps = model.capabilities
+    if "completion" not in caps:
+        raise APIError(400, f'"{shown}" does not support generate')
+    if has_images and "vision" not in caps:
+        raise APIError(400, f'"{shown}" does not support images: it is a text-only model')
+    if has_images:
+        raise APIError(400, "image input is not supported by ferry's runner yet")
+    if body.get("think") not in (None, False):
+        raise APIError(400, f'"{shown}" does not support thinking')
+    if body.get("logprobs"):
+        raise APIError(400, "logprobs are not supported by ferry's runner")
+
+
+def now_iso() -> str:
+    """Ollama's `created_at`: RFC 3339 in UTC with microseconds."""
+    return iso_time(datetime.now(UTC))
+
+
+def iso_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def expires_iso(until: float | None) -> str:
+    """`expires_at` for /api/ps; None (kept forever) becomes a date centuries away, as Ollama."""
+    if until is None:
+        return iso_time(datetime.now(UTC) + timedelta(days=365 * FOREVER_YEARS))
+    return iso_time(datetime.fromtimestamp(until, UTC))

@@ -1,0 +1,128 @@
+"""One completion through the scheduler, shared by the Ollama and OpenAI routes.
+
+`run_completion` acquires a runner, streams its text pieces and ends with one `Stats`; a
+`format` makes it buffer each attempt and emit only JSON that validated (runner/json_format.py).
+`start_stream` pulls the first item before a response is chosen, so an error before any output
+(unknown model, failed load) is a plain HTTP error and one after it a final error line or event
+(reference 4.1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from registry.names import Name
+from runner.json_format import MAX_ATTEMPTS, JSONFormat
+from runner.scheduler import Lease, Scheduler
+
+
+@dataclass
+class Stats:
+    """The final numbers of a completion; durations in nanoseconds, as Ollama reports them."""
+
+    done_reason: str = "stop"
+    prompt_eval_count: int = 0
+    prompt_eval_duration: int = 0
+    eval_count: int = 0
+    eval_duration: int = 0
+    load_duration: int = 0
+    total_duration: int = 0
+
+    def add_runner_final(self, message: dict[str, Any]) -> None:
+        self.done_reason = str(message.get("done_reason") or "stop")
+        self.prompt_eval_count += int(message.get("prompt_eval_count") or 0)
+        self.prompt_eval_duration += int(message.get("prompt_eval_duration") or 0)
+        self.eval_count += int(message.get("eval_count") or 0)
+        self.eval_duration += int(message.get("eval_duration") or 0)
+
+    def ollama_fields(self) -> dict[str, Any]:
+        return {"done_reason": self.done_reason, "total_duration": self.total_duration,
+                "load_duration": self.load_duration,
+                "prompt_eval_count": self.prompt_eval_count,
+                "prompt_eval_duration": self.prompt_eval_duration,
+                "eval_count": self.eval_count, "eval_duration": self.eval_duration}
+
+
+@dataclass
+class CompletionJob:
+    """What to run: the runner request body (docs/runner-protocol.md) and how to hold the model."""
+
+    scheduler: Scheduler
+    name: Name
+    body: dict[str, Any]
+    keep_alive: float | None
+    fmt: JSONFormat | None
+    started: float  # time.monotonic() when the request arrived
+
+
+async def run_completion(job: CompletionJob) -> AsyncIterator[str | Stats]:
+    """Text pieces, then one Stats. The runner is released however the consumer stops."""
+    lease = await job.scheduler.acquire(job.name, job.keep_alive)
+    try:
+        stats = Stats(load_duration=int(lease.load_duration * 1e9))
+        pieces = _plain(lease, job.body, stats) if job.fmt is None else _constrained(
+            lease, job.body, job.fmt, stats)
+        async for piece in pieces:
+            yield piece
+        stats.total_duration = int((time.monotonic() - job.started) * 1e9)
+        yield stats
+    finally:
+        lease.release()
+
+
+async def _plain(lease: Lease, body: dict[str, Any], stats: Stats) -> AsyncIterator[str]:
+    async for message in lease.complete(body):
+        if message.get("done"):
+            stats.add_runner_final(message)
+        elif message.get("content"):
+            yield str(message["content"])
+
+
+async def _constrained(lease: Lease, body: dict[str, Any], fmt: JSONFormat,
+                       stats: Stats) -> AsyncIterator[str]:
+    """Buffer each attempt; yield the first answer that is valid for `fmt`, or raise."""
+    for attempt in range(MAX_ATTEMPTS):
+        request = _with_retry_seed(body, attempt)
+        text = ""
+        async for message in lease.complete(request):
+            if message.get("done"):
+                stats.add_runner_final(message)
+            else:
+                text += str(message.get("content") or "")
+        accepted = fmt.accept(text)
+        if accepted is not None:
+            yield accepted
+            return
+    raise fmt.failure()
+
+
+def _with_retry_seed(body: dict[str, Any], attempt: int) -> dict[str, Any]:
+    """A retry must sample differently: a fixed seed moves on by the attempt number."""
+    options = body.get("options") or {}
+    if attempt == 0 or "seed" not in options:
+        return body
+    return {**body, "options": {**options, "seed": int(options["seed"]) + attempt}}
+
+
+async def start_stream(items: AsyncIterator[str | Stats]
+                       ) -> tuple[str | Stats | None, AsyncIterator[str | Stats]]:
+    """Run `items` up to its first item (raising any error before output) and hand back both."""
+    try:
+        first = await anext(items)
+    except StopAsyncIteration:
+        return None, items
+    return first, items
+
+
+async def collect(items: AsyncIterator[str | Stats]) -> tuple[str, Stats]:
+    """The whole text and the final Stats, for non-streaming responses."""
+    text, stats = "", Stats()
+    async for item in items:
+        if isinstance(item, Stats):
+            stats = item
+        else:
+            text += item
+    return text, stats

@@ -1,0 +1,193 @@
+"""OpenAI-compatible routes: POST /v1/chat/completions (SSE or JSON) and GET /v1/models.
+
+Requests are translated to the same runner request as /api/chat (OpenAI's sampling fields map
+to Ollama option names), and errors use OpenAI's `{"error": {"message", "type", ...}}` shape,
+since OpenAI client libraries read that and not Ollama's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from registry.api_errors import APIError, error_message, read_json, status_for
+from registry.errors import FerryError
+from runner.chat_api import chat_messages, chat_runner_body
+from runner.chat_request import load_model_defaults, parse_name, refuse_unsupported
+from runner.completion import CompletionJob, Stats, collect, run_completion, start_stream
+from runner.json_format import JSONFormat
+
+FINISH = {"stop": "stop", "length": "length"}
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _openai_error(exc: BaseException) -> JSONResponse:
+    status = status_for(exc)
+    kind = "invalid_request_error" if status < 500 else "api_error"
+    body = {"error": {"message": error_message(exc), "type": kind, "param": None,
+                      "code": "model_not_found" if status == 404 else None}}
+    return JSONResponse(body, status_code=status)
+
+
+def openai_errors(handler: Handler) -> Handler:
+    """Render domain errors the OpenAI way for this route."""
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except FerryError as exc:
+            return _openai_error(exc)
+    return wrapped
+
+
+def _text_content(content: Any) -> tuple[str, bool]:
+    """OpenAI content (a string or a list of parts) as text; True if it held an image."""
+    if content is None or isinstance(content, str):
+        return content or "", False
+    if not isinstance(content, list):
+        raise APIError(400, "message content must be a string or a list of parts")
+    text, image = [], False
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            text.append(str(part.get("text", "")))
+        elif kind == "image_url":
+            image = True
+        else:
+            raise APIError(400, f"unsupported content part type {kind!r}")
+    return "".join(text), image
+
+
+def _messages(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list) or not raw:
+        raise APIError(400, "messages must be a non-empty list")
+    out = []
+    for message in raw:
+        if not isinstance(message, dict):
+            raise APIError(400, "every message must be an object")
+        text, image = _text_content(message.get("content"))
+        converted: dict[str, Any] = {"role": message.get("role"), "content": text}
+        if image:
+            converted["images"] = ["(image)"]
+        if message.get("tool_calls"):
+            converted["tool_calls"] = message["tool_calls"]
+        out.append(converted)
+    return out
+
+
+def _options(body: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI sampling fields under Ollama's option names."""
+    options: dict[str, Any] = {}
+    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed")):
+        if body.get(theirs) is not None:
+            options[ours] = body[theirs]
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None:
+        options["num_predict"] = limit
+    stop = body.get("stop")
+    if stop is not None:
+        options["stop"] = [stop] if isinstance(stop, str) else stop
+    return options
+
+
+def _format(body: dict[str, Any]) -> JSONFormat | None:
+    response_format = body.get("response_format") or {}
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object":
+        return JSONFormat.parse("json")
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        return JSONFormat.parse(schema or "json")
+    if kind not in (None, "text"):
+        raise APIError(400, f"unsupported response_format type {kind!r}")
+    return None
+
+
+def _usage(stats: Stats) -> dict[str, int]:
+    return {"prompt_tokens": stats.prompt_eval_count, "completion_tokens": stats.eval_count,
+            "total_tokens": stats.prompt_eval_count + stats.eval_count}
+
+
+@openai_errors
+async def chat_completions(request: Request) -> Response:
+    """POST /v1/chat/completions."""
+    started = time.monotonic()
+    body = await read_json(request)
+    name = parse_name(body.get("model"))
+    model = await asyncio.to_thread(load_model_defaults, request.app.state.store, name)
+    messages, has_images = chat_messages(model, _messages(body.get("messages")))
+    refuse_unsupported(model, {}, has_images)
+    fmt = _format(body)
+    runner_body = chat_runner_body(model, messages, _options(body), body.get("tools"), fmt, True)
+    job = CompletionJob(request.app.state.scheduler, name, runner_body, None, fmt, started)
+    base = {"id": f"chatcmpl-{secrets.token_hex(8)}", "created": int(time.time()),
+            "model": body["model"], "system_fingerprint": "fp_ferry"}
+    if not body.get("stream"):
+        text, stats = await collect(run_completion(job))
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "finish_reason": FINISH.get(stats.done_reason, "stop")}
+        return JSONResponse({**base, "object": "chat.completion", "choices": [choice],
+                             "usage": _usage(stats)})
+    options = body.get("stream_options") or {}
+    usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
+    first, rest = await start_stream(run_completion(job))
+    return StreamingResponse(_sse(base, first, rest, usage), media_type="text/event-stream")
+
+
+async def _sse(base: dict[str, Any], first: str | Stats | None,
+               rest: AsyncIterator[str | Stats], include_usage: bool) -> AsyncIterator[bytes]:
+    """Chunks as server-sent events: deltas, a finish chunk, usage if asked, then [DONE]."""
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        chunk = {**base, "object": "chat.completion.chunk", "choices": choices, **extra}
+        return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
+
+    try:
+        item = first
+        while item is not None:
+            if isinstance(item, Stats):
+                finish = FINISH.get(item.done_reason, "stop")
+                yield event([{"index": 0, "delta": {}, "finish_reason": finish}])
+                if include_usage:
+                    yield event([], usage=_usage(item))
+            else:
+                delta = {"role": "assistant", "content": item}
+                yield event([{"index": 0, "delta": delta, "finish_reason": None}])
+            item = await anext(rest, None)
+    except (FerryError, OSError) as exc:
+        error = {"error": {"message": error_message(exc), "type": "api_error"}}
+        yield f"data: {json.dumps(error)}\n\n".encode()
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+    yield b"data: [DONE]\n\n"
+
+
+@openai_errors
+async def list_models(request: Request) -> Response:
+    """GET /v1/models: every local model, OpenAI's list shape."""
+    entries = await asyncio.to_thread(request.app.state.store.list_models)
+    data = [{"id": e.name.display_shortest(), "object": "model", "created": int(e.modified_at),
+             "owned_by": e.name.namespace} for e in entries]
+    return JSONResponse({"object": "list", "data": data})
+
+
+@openai_errors
+async def get_model(request: Request) -> Response:
+    """GET /v1/models/{model}."""
+    name = parse_name(request.path_params["model"])
+    entry = await asyncio.to_thread(request.app.state.store.get_model, name)
+    return JSONResponse({"id": request.path_params["model"], "object": "model",
+                         "created": int(entry.modified_at), "owned_by": name.namespace})
+
+
+routes = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+]

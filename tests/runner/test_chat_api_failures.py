@@ -1,0 +1,90 @@
+"""The chat API when runners misbehave: killed mid-request, answering non-JSON to a format.
+
+A real model server on loopback whose scheduler spawns the stand-in runner (fake_runner.py),
+because these failures cannot be produced on demand by a real model. Everything a client sees
+through the real runner is tested in test_chat_api.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+
+import httpx
+import psutil
+import pytest
+from conftest import serve_app
+from runner_fakes import add_model, fake_command
+
+from runner import scheduler as scheduler_module
+
+
+@pytest.fixture
+def fake_server(settings, store, monkeypatch, tmp_path):
+    """Start a model server whose runners are fake_runner.py with `extra` arguments."""
+    from ferry.app import build_model_server
+
+    def start(*extra: str):
+        monkeypatch.setattr("ferry.app.Scheduler", functools.partial(
+            scheduler_module.Scheduler, command=fake_command(*extra), overhead=1024))
+        return serve_app(build_model_server(settings))
+
+    add_model(store, "me/tiny")
+    return start
+
+
+def stream_lines(client: httpx.Client, path: str, body: dict):
+    with client.stream("POST", path, json=body) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line:
+                yield json.loads(line)
+
+
+def test_killed_runner_fails_the_request_and_the_next_one_reloads(fake_server):
+    with fake_server("--token-delay", "0.3", "--tokens", "30") as url, \
+            httpx.Client(base_url=url, timeout=60) as client:
+        lines = stream_lines(client, "/api/generate", {"model": "me/tiny", "prompt": "hi"})
+        assert next(lines)["response"] == "tok0 "
+        (runner,) = client.get("/api/ps").json()["models"]
+        pid = next(p.pid for p in psutil.Process().children())
+        os.kill(pid, signal.SIGKILL)
+        rest = list(lines)
+        assert "error" in rest[-1] and "terminated" in rest[-1]["error"]
+        again = client.post("/api/generate", json={"model": "me/tiny", "prompt": "hi",
+                                                   "stream": False, "options": {"num_predict": 2}})
+        assert again.status_code == 200, again.text
+        assert again.json()["response"] == "tok0 tok1 "
+        assert runner["name"] == "me/tiny:latest"
+    assert psutil.Process().children() == []
+
+
+def test_json_format_retries_until_the_answer_parses(fake_server, tmp_path):
+    state = tmp_path / "count"
+    with fake_server("--bad-json-first", "1", "--state", str(state)) as url:
+        response = httpx.post(f"{url}/api/chat", timeout=60, json={
+            "model": "me/tiny", "stream": False, "format": "json",
+            "messages": [{"role": "user", "content": "give me a number"}]})
+    assert response.status_code == 200, response.text
+    assert json.loads(response.json()["message"]["content"]) == {"answer": 42}
+    assert state.read_text() == "2"  # the first, non-JSON answer was retried
+
+
+def test_schema_format_that_never_validates_is_a_clear_error(fake_server):
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}},
+              "required": ["answer"]}
+    with fake_server() as url:
+        response = httpx.post(f"{url}/api/generate", timeout=60, json={
+            "model": "me/tiny", "prompt": "x", "format": schema})
+    assert response.status_code == 500
+    assert "did not produce JSON matching the requested schema" in response.json()["error"]
+
+
+def test_server_shutdown_reaps_its_runners(fake_server):
+    with fake_server() as url:
+        httpx.post(f"{url}/api/generate", json={"model": "me/tiny", "keep_alive": -1},
+                   timeout=60).raise_for_status()
+        assert len(psutil.Process().children()) == 1
+    assert psutil.Process().children() == []
