@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from starlette.applications import Starlette
 
 from ferry.config import Settings
-from registry import models_api
+from registry import models_api, transfer_api
 from registry.api_errors import handle_ferry_error
 from registry.errors import FerryError
 from registry.store import Store
@@ -26,6 +26,7 @@ def build_model_server(settings: Settings) -> Starlette:
     store = Store(settings.models_dir)
     routes = [
         *models_api.routes,
+        *transfer_api.routes,
         *create_api.routes,
         *chat_api.routes,
         *openai_api.routes,

@@ -103,6 +103,8 @@ class Settings:
     # release (`ferry release publish`)
     github_token: str | None = field(default=None, repr=False)  # never in logs
     aws_endpoint_url: str | None = None
+    # transfers: a private CA bundle for registries (SSL_CERT_FILE), as OpenSSL reads it
+    ssl_cert_file: str = ""
 
     @property
     def base_url(self) -> str:
@@ -141,6 +143,7 @@ class Settings:
             autostart=_flag(env, "FERRY_AUTOSTART"),
             github_token=env.get("GITHUB_TOKEN") or None,
             aws_endpoint_url=env.get("AWS_ENDPOINT_URL") or None,
+            ssl_cert_file=env.get("SSL_CERT_FILE", ""),
         )
 
     def with_(self, **changes: object) -> Settings:

@@ -126,8 +126,10 @@ def sign_request(key: Ed25519PrivateKey, method: str, url: str) -> str:
 class Authenticator:
     """Holds the current `Authorization` value for one registry and refreshes it on a 401."""
 
-    def __init__(self, session: SafeSession, credentials_path: Path, key_path: Path) -> None:
+    def __init__(self, session: SafeSession, credentials_path: Path, key_path: Path,
+                 credentials: tuple[str, str] | None = None) -> None:
         self.session = session
+        self.credentials = credentials  # given by `ferry login` before they are saved
         self.registry = session.policy.registry
         self.credentials_path = credentials_path
         self.key_path = key_path
@@ -146,7 +148,7 @@ class Authenticator:
             self.header = await self._answer(parse_challenge(challenge_header))
 
     async def _answer(self, challenge: Challenge) -> str:
-        creds = load_credentials(self.credentials_path, self.registry_host)
+        creds = self.credentials or load_credentials(self.credentials_path, self.registry_host)
         if challenge.scheme == "basic":
             if creds is None:
                 raise AuthFailed(f"unauthorized: {self.registry_host} wants a username and "
