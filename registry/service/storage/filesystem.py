@@ -138,7 +138,7 @@ class FilesystemStore:
 
     async def list(self, prefix: str) -> list[str]:
         try:
-            names = os.listdir(self._path(prefix))
+            names = os.listdir(self._path(prefix) if prefix else self.root)
         except (FileNotFoundError, NotADirectoryError):
             return []
         return sorted(n for n in names if ".tmp-" not in n)

@@ -1,0 +1,70 @@
+"""Fixtures for the registry service: a real server on loopback over a temp root."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import serve_app
+
+from registry.service.app import build_registry_app
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def registry_root(tmp_path: Path) -> Path:
+    return tmp_path / "registry"
+
+
+@pytest.fixture
+def registry_url(registry_root: Path) -> Iterator[str]:
+    with serve_app(build_registry_app(registry_root)) as url:
+        yield url
+
+
+@pytest.fixture
+async def client(registry_url: str):
+    async with httpx.AsyncClient(base_url=registry_url, timeout=30) as c:
+        yield c
+
+
+async def push_blob(client: httpx.AsyncClient, repo: str, data: bytes) -> str:
+    """Monolithic upload: POST a session, PUT the bytes with the digest."""
+    digest = sha(data)
+    r = await client.post(f"/v2/{repo}/blobs/uploads/")
+    assert r.status_code == 202, r.text
+    r = await client.put(r.headers["Location"], params={"digest": digest}, content=data)
+    assert r.status_code == 201, r.text
+    return digest
+
+
+def descriptor(media_type: str, data: bytes, **extra: object) -> dict:
+    return {"mediaType": media_type, "digest": sha(data), "size": len(data), **extra}
+
+
+async def push_image(client: httpx.AsyncClient, repo: str, tag: str, seed: str = "a",
+                     media_type: str = "application/vnd.oci.image.manifest.v1+json",
+                     **top: object) -> tuple[bytes, str]:
+    """Push a config and two layers, then a manifest naming them; return (bytes, digest)."""
+    config = json.dumps({"seed": seed}).encode()
+    layers = [f"layer-1-{seed}".encode(), f"layer-2-{seed}".encode() * 100]
+    for blob in (config, *layers):
+        await push_blob(client, repo, blob)
+    manifest = {
+        "schemaVersion": 2, "mediaType": media_type,
+        "config": descriptor("application/vnd.oci.image.config.v1+json", config),
+        "layers": [descriptor("application/vnd.oci.image.layer.v1.tar", x) for x in layers],
+        **top,
+    }
+    raw = json.dumps(manifest, indent=2).encode()
+    r = await client.put(f"/v2/{repo}/manifests/{tag}", content=raw,
+                         headers={"Content-Type": media_type})
+    assert r.status_code == 201, r.text
+    return raw, sha(raw)

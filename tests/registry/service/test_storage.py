@@ -1,0 +1,121 @@
+"""The BlobStore conformance suite: every implementation must pass all of it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from registry.service.storage import BlobStore, FilesystemStore, KeyNotFound
+
+
+@pytest.fixture(params=["filesystem"])
+def store(request: pytest.FixtureRequest, tmp_path: Path):
+    if request.param == "filesystem":
+        fs = FilesystemStore(tmp_path / "store")
+        yield fs
+        fs.close()
+
+
+async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    for part in parts:
+        await asyncio.sleep(0)
+        yield part
+
+
+async def read_all(store: BlobStore, key: str, offset: int = 0, length: int | None = None):
+    return b"".join([p async for p in store.read(key, offset, length)])
+
+
+async def test_put_then_get_stat_and_overwrite(store: BlobStore) -> None:
+    assert await store.stat("a/b/c") is None
+    await store.put("a/b/c", b"hello")
+    assert await store.get("a/b/c") == b"hello"
+    stat = await store.stat("a/b/c")
+    assert stat is not None and stat.size == 5 and stat.mtime > 0
+    await store.put("a/b/c", b"bye")
+    assert await store.get("a/b/c") == b"bye"
+
+
+async def test_get_and_read_of_missing_key_raise_key_not_found(store: BlobStore) -> None:
+    with pytest.raises(KeyNotFound):
+        await store.get("missing")
+    with pytest.raises(KeyNotFound):
+        await read_all(store, "missing")
+
+
+async def test_read_ranges_of_a_large_object(store: BlobStore) -> None:
+    data = bytes(range(256)) * 12_000  # 3 MiB: crosses the 1 MiB piece size
+    await store.append("big", chunks(data[:1000], data[1000:]))
+    assert await read_all(store, "big") == data
+    assert await read_all(store, "big", 1_500_000, 1_000_000) == data[1_500_000:2_500_000]
+    assert await read_all(store, "big", 10, 5) == data[10:15]
+
+
+async def test_append_accumulates_and_reports_bytes_written(store: BlobStore) -> None:
+    assert await store.append("s/data", chunks(b"ab", b"cd")) == 4
+    assert await store.append("s/data", chunks(b"ef")) == 2
+    assert await store.get("s/data") == b"abcdef"
+
+
+async def test_append_keeps_bytes_received_before_a_failure(store: BlobStore) -> None:
+    async def broken() -> AsyncIterator[bytes]:
+        yield b"kept"
+        raise ConnectionResetError("client went away")
+
+    with pytest.raises(ConnectionResetError):
+        await store.append("s/data", broken())
+    assert await store.get("s/data") == b"kept"
+
+
+async def test_commit_publishes_staged_bytes_and_removes_the_staging_key(store: BlobStore) -> None:
+    await store.append("staging/x", chunks(b"payload"))
+    await store.commit("published/deep/x", "staging/x")
+    assert await store.get("published/deep/x") == b"payload"
+    assert await store.stat("staging/x") is None
+
+
+async def test_commit_replaces_an_existing_object(store: BlobStore) -> None:
+    await store.put("target", b"old")
+    await store.append("staging", chunks(b"new"))
+    await store.commit("target", "staging")
+    assert await store.get("target") == b"new"
+
+
+async def test_list_returns_sorted_direct_children(store: BlobStore) -> None:
+    for key in ("p/b/1", "p/a", "p/c/2/3"):
+        await store.put(key, b"x")
+    assert await store.list("p") == ["a", "b", "c"]
+    assert await store.list("p/c") == ["2"]
+    assert await store.list("nothing/here") == []
+
+
+async def test_delete_removes_a_key_or_a_whole_prefix(store: BlobStore) -> None:
+    for key in ("d/1", "d/sub/2", "keep"):
+        await store.put(key, b"x")
+    await store.delete("d/1")
+    assert await store.stat("d/1") is None
+    await store.delete("d")
+    assert await store.list("d") == []
+    await store.delete("never-existed")
+    assert await store.get("keep") == b"x"
+
+
+async def test_concurrent_puts_leave_one_whole_value(store: BlobStore) -> None:
+    values = [bytes([i]) * 100_000 for i in range(16)]
+    await asyncio.gather(*(store.put("race", v) for v in values))
+    assert await store.get("race") in values
+    assert await store.list("") == ["race"]  # no temp files left visible
+
+
+async def test_keys_that_escape_the_store_are_refused(store: BlobStore) -> None:
+    for key in ("../outside", "/abs", "a/../../b"):
+        with pytest.raises(ValueError):
+            await store.put(key, b"x")
+
+
+async def test_redirect_url_is_none_when_the_store_serves_bytes_itself(store: BlobStore) -> None:
+    await store.put("k", b"x")
+    assert store.redirect_url("k") is None
