@@ -1,0 +1,241 @@
+"""OCI registry release store: a release is one OCI artifact manifest, tagged with the version.
+
+    <repo>:v1.2.0              artifactType application/vnd.ferry.release.v1; one layer per
+                               asset (`org.opencontainers.image.title` = file name); the git
+                               tag in the `org.ferry.release.tag` annotation
+    <repo>:v1.2.0.ferry-lease  the lease: holder and expiry annotations, no payload
+
+Assets are content-addressed blobs, so an upload is "push the blob, then rewrite the manifest
+with that layer replaced"; the rewrite is a read-modify-write done under an in-process lock
+(the lease keeps other processes out). The distribution API has no conditional tag writes, so
+the lock tag uses Fischer's timed mutual exclusion: read (free or expired), write our claim,
+wait `settle` seconds, read again and hold the lease only if our claim survived. That is safe
+as long as a contender's read-to-write gap (one HTTP round trip) is shorter than `settle`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from registry import media_types as mt
+from workflows.release.store import (
+    LeaseHeld,
+    LeaseLost,
+    LocalAsset,
+    Progress,
+    ReleaseRef,
+    RemoteAsset,
+    StoreError,
+    transient_status,
+)
+
+ARTIFACT_TYPE = "application/vnd.ferry.release.v1"
+LEASE_TYPE = "application/vnd.ferry.release.lease.v1"
+TITLE = "org.opencontainers.image.title"
+TAG_ANNOTATION = "org.ferry.release.tag"
+HOLDER, EXPIRES = "org.ferry.lease.holder", "org.ferry.lease.expires"
+EMPTY_DIGEST = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+EMPTY: dict[str, Any] = {"mediaType": mt.OCI_EMPTY, "size": 2, "digest": EMPTY_DIGEST}
+_CHUNK = 256 * 1024
+
+
+class OCILease:
+    def __init__(self, store: OCIReleaseStore, tag: str, holder: str, expires_at: float) -> None:
+        self._store, self._tag = store, tag
+        self.holder, self.expires_at = holder, expires_at
+
+    def renew(self, ttl: float) -> None:
+        current = self._store._get_manifest(self._tag)
+        if current is None or _annotation(current, HOLDER) != self.holder:
+            raise LeaseLost(f"the lock tag {self._tag} now belongs to another run")
+        expires_at = time.time() + ttl
+        self._store._put_lease(self._tag, self.holder, expires_at)
+        self.expires_at = expires_at
+
+    def release(self) -> None:
+        try:
+            current = self._store._get_manifest(self._tag)
+            if current is not None and _annotation(current, HOLDER) == self.holder:
+                self._store._put_lease(self._tag, self.holder, 0.0)  # expired: free for all
+        except StoreError:
+            pass  # it expires on its own
+
+
+def _annotation(manifest: dict[str, Any], key: str) -> str:
+    return str((manifest.get("annotations") or {}).get(key, ""))
+
+
+class OCIReleaseStore:
+    def __init__(self, host: str, repo: str, insecure: bool = False, settle: float = 1.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.host, self.repo, self.settle = host, repo, settle
+        self.description = f"oci://{host}/{repo}"
+        self.base = f"{'http' if insecure else 'https'}://{host}/v2/{repo}"
+        self.client = httpx.Client(timeout=httpx.Timeout(60, connect=10), transport=transport,
+                                   follow_redirects=False)
+        self._token: str | None = None
+        self._manifest_lock = threading.Lock()
+        self._config_pushed = False
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def _call(self, method: str, url: str, ok: tuple[int, ...], **kwargs: Any) -> httpx.Response:
+        """One request (plus one anonymous Bearer token round on a 401), classified errors."""
+        try:
+            response = self._send(method, url, **kwargs)
+            if response.status_code == 401 and self._authenticate(response):
+                response = self._send(method, url, **kwargs)
+        except httpx.TransportError as exc:
+            raise StoreError(f"{method} {url}: {exc!r}", transient=True) from exc
+        if response.status_code not in ok:
+            raise StoreError(f"{method} {url}: {response.status_code} {response.text[:200]}",
+                             transient=transient_status(response.status_code),
+                             status=response.status_code)
+        return response
+
+    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        headers = dict(kwargs.pop("headers", {}))
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return self.client.request(method, url, headers=headers, **kwargs)
+
+    def _authenticate(self, response: httpx.Response) -> bool:
+        """Fetch an anonymous token from a Bearer realm on the registry's own host."""
+        header = response.headers.get("www-authenticate", "")
+        if not header.lower().startswith("bearer "):
+            return False
+        params = dict(part.split("=", 1) for part in header[7:].replace('"', "").split(","))
+        realm = httpx.URL(params.pop("realm", ""))
+        if realm.host != httpx.URL(self.base).host:
+            return False  # never ask a third party for tokens on this registry's behalf
+        answer = self.client.get(realm, params=params)
+        if answer.status_code != 200:
+            return False
+        body = answer.json()
+        self._token = body.get("token") or body.get("access_token")
+        return bool(self._token)
+
+    # -- manifests ----------------------------------------------------------------------------
+
+    def _get_manifest(self, tag: str) -> dict[str, Any] | None:
+        response = self._call("GET", f"{self.base}/manifests/{tag}", ok=(200, 404),
+                              headers={"Accept": mt.OCI_MANIFEST})
+        return None if response.status_code == 404 else dict(response.json())
+
+    def _put_manifest(self, tag: str, manifest: dict[str, Any]) -> None:
+        self._ensure_config()
+        raw = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
+        self._call("PUT", f"{self.base}/manifests/{tag}", ok=(201,), content=raw,
+                   headers={"Content-Type": mt.OCI_MANIFEST})
+
+    def _manifest(self, artifact_type: str, layers: list[dict[str, Any]],
+                  annotations: dict[str, str]) -> dict[str, Any]:
+        return {"schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "artifactType": artifact_type,
+                "config": dict(EMPTY), "layers": layers, "annotations": annotations}
+
+    def _ensure_config(self) -> None:
+        if not self._config_pushed:
+            self._push_blob(EMPTY_DIGEST, 2, [b"{}"], lambda sent: None)
+            self._config_pushed = True
+
+    # -- lease --------------------------------------------------------------------------------
+
+    def _put_lease(self, tag: str, holder: str, expires_at: float) -> None:
+        annotations = {HOLDER: holder, EXPIRES: f"{expires_at:.3f}"}
+        self._put_manifest(tag, self._manifest(LEASE_TYPE, [dict(EMPTY)], annotations))
+
+    def _live_holder(self, tag: str) -> tuple[str, float] | None:
+        current = self._get_manifest(tag)
+        if current is None:
+            return None
+        expires_at = float(_annotation(current, EXPIRES) or 0)
+        return (_annotation(current, HOLDER), expires_at) if expires_at > time.time() else None
+
+    def acquire_lease(self, ref: ReleaseRef, holder: str, ttl: float) -> OCILease:
+        tag = f"{ref.name}.ferry-lease"
+        live = self._live_holder(tag)
+        if live is not None and live[0] != holder:
+            raise LeaseHeld(*live)
+        expires_at = time.time() + ttl
+        self._put_lease(tag, holder, expires_at)
+        time.sleep(self.settle)
+        live = self._live_holder(tag)
+        if live is None or live[0] != holder:
+            raise LeaseHeld(*(live or ("(another run, just now)", None)))
+        return OCILease(self, tag, holder, expires_at)
+
+    # -- release ------------------------------------------------------------------------------
+
+    def retag(self, ref: ReleaseRef) -> str:
+        with self._manifest_lock:
+            current = self._get_manifest(ref.name)
+            if current is None:
+                layers: list[dict[str, Any]] = []
+                action = "created"
+            else:
+                layers = list(current.get("layers", []))
+                old = _annotation(current, TAG_ANNOTATION)
+                action = "unchanged" if old == ref.tag else f"moved from {old}"
+            self._put_manifest(ref.name, self._release_manifest(ref, layers))
+        return action
+
+    def _release_manifest(self, ref: ReleaseRef, layers: list[dict[str, Any]]) -> dict[str, Any]:
+        annotations = {TAG_ANNOTATION: ref.tag, "org.opencontainers.image.version": ref.name,
+                       "org.ferry.release.prerelease": str(ref.prerelease).lower()}
+        ordered = sorted(layers, key=lambda layer: _annotation(layer, TITLE))
+        return self._manifest(ARTIFACT_TYPE, ordered, annotations)
+
+    def _rewrite_layers(self, ref: ReleaseRef, name: str, layer: dict[str, Any] | None) -> None:
+        """Replace (or with None, drop) the layer titled `name`, from a fresh manifest read."""
+        with self._manifest_lock:
+            current = self._get_manifest(ref.name) or {}
+            layers = [x for x in current.get("layers", []) if _annotation(x, TITLE) != name]
+            if layer is not None:
+                layers.append(layer)
+            self._put_manifest(ref.name, self._release_manifest(ref, layers))
+
+    def list_assets(self, ref: ReleaseRef, with_digests: bool = False) -> list[RemoteAsset]:
+        current = self._get_manifest(ref.name) or {}
+        return [RemoteAsset(name=_annotation(layer, TITLE), size=int(layer["size"]),
+                            sha256=str(layer["digest"]).split(":", 1)[1],
+                            handle=str(layer["digest"]))
+                for layer in current.get("layers", [])]
+
+    def delete_asset(self, ref: ReleaseRef, asset: RemoteAsset) -> None:
+        self._rewrite_layers(ref, asset.name, None)
+
+    def upload_asset(self, ref: ReleaseRef, asset: LocalAsset, progress: Progress) -> None:
+        digest = f"sha256:{asset.sha256}"
+        self._push_blob(digest, asset.size, _read_chunks(asset, progress), progress)
+        layer = {"mediaType": "application/octet-stream", "digest": digest, "size": asset.size,
+                 "annotations": {TITLE: asset.name}}
+        self._rewrite_layers(ref, asset.name, layer)
+
+    def _push_blob(self, digest: str, size: int, content: Any, progress: Progress) -> None:
+        """POST a session, then PUT the whole blob with its digest (skipped if present)."""
+        if self._call("HEAD", f"{self.base}/blobs/{digest}", ok=(200, 404)).status_code == 200:
+            progress(size)
+            return
+        started = self._call("POST", f"{self.base}/blobs/uploads/", ok=(202,))
+        location = httpx.URL(self.base).join(started.headers["location"])
+        self._call("PUT", str(location.copy_merge_params({"digest": digest})), ok=(201,),
+                   content=content, headers={"Content-Type": "application/octet-stream",
+                                             "Content-Length": str(size)})
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _read_chunks(asset: LocalAsset, progress: Progress) -> Iterator[bytes]:
+    sent = 0
+    with asset.path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            sent += len(chunk)
+            progress(sent)
+            yield chunk
