@@ -1,0 +1,105 @@
+"""Garbage collection: marks from every manifest, sweeps only old unreferenced blobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ferry.cli import main
+from registry import media_types as mt
+from registry.digests import Digest
+from registry.service import paths
+from registry.service.gc import collect_garbage
+from registry.service.storage import FilesystemStore
+
+from .conftest import push_blob, push_image, sha
+
+REPO = "library/app"
+
+
+def age(root: Path, *keys: str, seconds: float = 7200) -> None:
+    """Make objects look written `seconds` ago."""
+    then = time.time() - seconds
+    for key in keys:
+        os.utime(root / key, (then, then))
+
+
+def blob_key(digest: str) -> str:
+    return paths.blob(Digest.parse(digest))
+
+
+async def test_gc_sweeps_only_unreferenced_blobs_past_the_grace_period(
+    client: httpx.AsyncClient, registry_root: Path,
+) -> None:
+    kept_raw, kept = await push_image(client, REPO, "keep", seed="keep")
+    gone_raw, gone = await push_image(client, REPO, "gone", seed="gone")
+    gone_doc = json.loads(gone_raw)
+    stray = await push_blob(client, REPO, b"stray, never referenced")
+    young = await push_blob(client, REPO, b"young, upload still in flight")
+    assert (await client.delete(f"/v2/{REPO}/manifests/{gone}")).status_code == 202
+    garbage = [gone, stray, gone_doc["config"]["digest"],
+               *(layer["digest"] for layer in gone_doc["layers"])]
+    everything = [blob_key(d) for d in (*garbage, young)]
+    kept_doc = json.loads(kept_raw)
+    kept_blobs = [kept, kept_doc["config"]["digest"], *(x["digest"] for x in kept_doc["layers"])]
+    age(registry_root, *everything, *(blob_key(d) for d in kept_blobs))
+    age(registry_root, *(paths.layer_link(REPO, Digest.parse(d)) for d in (*garbage, *kept_blobs)
+                         if (registry_root / paths.layer_link(REPO, Digest.parse(d))).exists()))
+    store = FilesystemStore(registry_root)
+
+    dry = await collect_garbage(store, grace=3600, dry_run=True)
+    assert sorted(map(str, dry.swept)) == sorted(garbage)
+    assert all((registry_root / blob_key(d)).exists() for d in garbage)
+
+    report = await collect_garbage(store, grace=3600)
+    assert sorted(map(str, report.swept)) == sorted(garbage)
+    assert not any((registry_root / blob_key(d)).exists() for d in garbage)
+    assert (registry_root / blob_key(young)).exists()  # its link is fresh: kept
+    assert [str(d) for d in report.kept_young] == [young]
+    r = await client.get(f"/v2/{REPO}/manifests/keep")
+    assert r.content == kept_raw
+    for digest in kept_blobs[1:]:
+        assert (await client.head(f"/v2/{REPO}/blobs/{digest}")).status_code == 200
+    assert (await client.head(f"/v2/{REPO}/blobs/{stray}")).status_code == 404
+
+
+async def test_gc_keeps_index_children_and_subjects(
+    client: httpx.AsyncClient, registry_root: Path,
+) -> None:
+    child_raw, child = await push_image(client, REPO, "child", seed="child")
+    index = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": [
+        {"mediaType": mt.OCI_MANIFEST, "digest": child, "size": len(child_raw)}]}).encode()
+    r = await client.put(f"/v2/{REPO}/manifests/multi", content=index,
+                         headers={"Content-Type": mt.OCI_INDEX})
+    assert r.status_code == 201
+    assert (await client.delete(f"/v2/{REPO}/manifests/child")).status_code == 202  # untag only
+    for path in (registry_root / "blobs").rglob("*"):
+        if path.is_file():
+            age(registry_root, str(path.relative_to(registry_root)))
+    for path in (registry_root / "repositories").rglob("_layers/sha256/*"):
+        age(registry_root, str(path.relative_to(registry_root)))
+    report = await collect_garbage(FilesystemStore(registry_root), grace=60)
+    assert report.swept == []
+    assert {child, sha(index)} <= {str(d) for d in report.marked}
+    assert (await client.get(f"/v2/{REPO}/manifests/{child}")).content == child_raw
+
+
+def test_gc_command_reports_and_deletes(
+    registry_root: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = b"orphan bytes"
+    key = blob_key(sha(data))
+    (registry_root / key).parent.mkdir(parents=True)
+    (registry_root / key).write_bytes(data)
+    age(registry_root, key)
+    assert main(["registry", "gc", "--root", str(registry_root), "--dry-run"]) == 0
+    assert f"would delete {sha(data)}" in capsys.readouterr().out
+    assert (registry_root / key).exists()
+    assert main(["registry", "gc", "--root", str(registry_root)]) == 0
+    assert f"deleted {sha(data)}" in capsys.readouterr().out
+    assert not (registry_root / key).exists()
