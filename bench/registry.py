@@ -1,0 +1,137 @@
+"""Benchmark: ferry's registry service beside Debian's docker-registry, in one run.
+
+Starts both on loopback over fresh temp directories (filesystem storage), drives each with
+`../shared/bench/regbench.py` (same arguments, same seed), and prints every figure side by side
+with the ratio ferry/reference (throughput: higher is better for ferry). Run by hand:
+
+    .venv/bin/python bench/registry.py                 # the full run (minutes)
+    .venv/bin/python bench/registry.py --big-mib 128   # quicker; other regbench flags pass through
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("FERRY_SHARED_DIR", REPO.parent / "shared"))
+REGBENCH = SHARED / "bench" / "regbench.py"
+DOCKER_REGISTRY = "/usr/bin/docker-registry"
+REFERENCE_CONFIG = """version: 0.1
+log:
+  level: error
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: {root}
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:{port}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url}: the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/v2/", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url}: not ready after {timeout}s")
+
+
+def start_ferry(root: Path, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "ferry.cli", "registry", "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--root", str(root)]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL)
+
+
+def start_reference(root: Path, port: int) -> subprocess.Popen:
+    config = root.parent / "reference.yml"
+    config.write_text(REFERENCE_CONFIG.format(root=root, port=port))
+    return subprocess.Popen([DOCKER_REGISTRY, "serve", str(config)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def run_regbench(url: str, pid: int, out: Path, extra: list[str], seed: int) -> dict:
+    cmd = [sys.executable, str(REGBENCH), "--url", url, "--server-pid", str(pid),
+           "--json", str(out), "--seed", str(seed), "--cleanup", *extra]
+    print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
+    done = subprocess.run(cmd)
+    if done.returncode != 0:
+        raise SystemExit(f"regbench against {url} failed with {done.returncode}")
+    return json.loads(out.read_text())
+
+
+def print_side_by_side(ferry: dict, reference: dict) -> None:
+    ref_rows = {row["name"]: row for row in reference["summary"]}
+    header = f"{'phase':34} {'ferry':>10} {'reference':>10} {'unit':>6} {'ratio':>7}"
+    print(header)
+    print("-" * len(header))
+    for row in ferry["summary"]:
+        ref = ref_rows.get(row["name"], {})
+        unit = "MiB/s" if row["mib_s"] is not None and row["ops"] <= 8 else "ops/s"
+        key = "mib_s" if unit == "MiB/s" else "ops_s"
+        mine, theirs = row.get(key), ref.get(key)
+        ratio = f"{mine / theirs:6.2f}x" if mine and theirs else "      -"
+        print(f"{row['name']:34} {mine or 0:10.1f} {theirs or 0:10.1f} {unit:>6} {ratio}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Unknown flags are passed to regbench.py.")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--keep", action="store_true", help="keep the temp directories")
+    args, extra = parser.parse_known_args(argv)
+    if not Path(DOCKER_REGISTRY).exists():
+        raise SystemExit(f"{DOCKER_REGISTRY} is missing: apt-get install docker-registry")
+    work = Path(tempfile.mkdtemp(prefix="ferry-bench-"))
+    servers = []
+    try:
+        results = {}
+        for label, start in (("reference", start_reference), ("ferry", start_ferry)):
+            root = work / label / "root"
+            root.mkdir(parents=True)
+            port = free_port()
+            proc = start(root, port)
+            servers.append(proc)
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(url, proc)
+            results[label] = run_regbench(url, proc.pid, work / f"{label}.json", extra,
+                                          args.seed)
+            proc.terminate()
+            proc.wait(timeout=30)
+        print()
+        print_side_by_side(results["ferry"], results["reference"])
+    finally:
+        for proc in servers:
+            if proc.poll() is None:
+                proc.kill()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
