@@ -94,8 +94,8 @@ def address_problem(address: IPAddress) -> str | None:
         (isinstance(address, ipaddress.IPv4Address) and address in _CGNAT, "CGNAT address"),
         (isinstance(address, ipaddress.IPv4Address) and address in _BENCHMARKING,
          "benchmarking address"),
-        (address.is_private, "private address"),
         (address.is_reserved, "reserved address"),
+        (address.is_private, "private address"),
         (not address.is_global, "reserved address"),
     ]
     for failed, rule in checks:
