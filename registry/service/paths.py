@@ -7,11 +7,13 @@
         _manifests/revisions/sha256/<hex>                 link: this repo holds the manifest;
                                                           content is the manifest media type
         _manifests/tags/<tag>/current                     the digest the tag points at now
-        _manifests/tags/<tag>/history/<ns>-<hex>          one entry per tag move (time, digest)
+        _manifests/tags/<tag>/history                     one line per tag move: "<ns> <digest>"
         _referrers/sha256/<subject-hex>/<hex>             a manifest whose `subject` is
                                                           <subject-hex>; content: its descriptor
         _uploads/<uuid>/session                           JSON: started, repository
         _uploads/<uuid>/data                              the bytes received so far
+
+A `<key>.tmp-<id>` beside a key is that key being written; listings never show it.
 
 `_layers`, `_manifests`, `_referrers` and `_uploads` cannot clash with repository components,
 which never start with `_` (names.parse_repository). Links are small files, so a repository sees
@@ -61,6 +63,11 @@ def tag_current(name: str, tag: str) -> str:
 
 def tag_history(name: str, tag: str) -> str:
     return f"{REPOSITORIES}/{name}/_manifests/tags/{tag}/history"
+
+
+def staging(key: str, unique: str) -> str:
+    """A temporary key beside `key`, for bytes about to be committed to it."""
+    return f"{key}.tmp-{unique}"
 
 
 def tag_dir(name: str, tag: str) -> str:

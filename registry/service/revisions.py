@@ -58,10 +58,9 @@ class Revisions:
         await self._check_references(repo, manifest)
         digest = manifest.digest
         if await self.blobs.stat_anywhere(digest) is None:
-            staged = f"{paths.uploads_dir(repo)}/{uuid.uuid4().hex}-manifest/data"
+            staged = paths.staging(paths.blob(digest), uuid.uuid4().hex)
             await self.store.put(staged, raw)
             await self.store.commit(paths.blob(digest), staged)
-            await self.store.delete(staged.rsplit("/", 1)[0])
         await self.store.put(paths.revision_link(repo, digest), manifest.media_type.encode())
         if manifest.subject is not None:
             link = paths.referrer_link(repo, manifest.subject.digest, digest)

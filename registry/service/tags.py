@@ -1,9 +1,9 @@
 """Tags: which manifest a name points at now, and every place it pointed before.
 
-A tag move is one atomic object write (`current`) plus one history entry, done under a lock per
-repository, so two pushes to one tag never interleave and the history records every move in the
-order this process made them. Across replicas the S3 store would make `current` a conditional
-write; on one filesystem the lock and the atomic rename are enough.
+A tag move is one atomic object write (`current`) plus one appended history line, done under
+a lock per repository, so two pushes to one tag never interleave and the history records every
+move in the order this process made them. Across replicas the S3 store would make `current` a
+conditional write; on one filesystem the lock and the atomic rename are enough.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from registry.digests import Digest
@@ -52,8 +53,7 @@ class TagStore:
             at_ns = max(time.time_ns(), self._last_ns + 1)
             self._last_ns = at_ns
             await self.store.put(paths.tag_current(repo, tag), str(digest).encode())
-            history = f"{paths.tag_history(repo, tag)}/{at_ns:020d}-{digest.hex}"
-            await self.store.put(history, str(digest).encode())
+            await self.store.append(paths.tag_history(repo, tag), _one(f"{at_ns} {digest}\n"))
 
     async def remove(self, repo: str, tag: str) -> bool:
         """Untag: the tag disappears from listings, its history stays. False when absent."""
@@ -65,10 +65,15 @@ class TagStore:
             return True
 
     async def history(self, repo: str, tag: str) -> list[TagMove]:
+        """Every move of the tag, oldest first."""
+        try:
+            raw = await self.store.get(paths.tag_history(repo, tag))
+        except KeyNotFound:
+            return []
         moves = []
-        for entry in await self.store.list(paths.tag_history(repo, tag)):
-            at, _, hex_ = entry.partition("-")
-            moves.append(TagMove(int(at), Digest.parse(f"sha256:{hex_}")))
+        for line in raw.decode().splitlines():
+            at, _, digest = line.partition(" ")
+            moves.append(TagMove(int(at), Digest.parse(digest)))
         return moves
 
     async def names(self, repo: str) -> list[str]:
@@ -81,3 +86,7 @@ class TagStore:
 
     async def tags_of(self, repo: str, digest: Digest) -> list[str]:
         return [t for t in await self.names(repo) if await self.current(repo, t) == digest]
+
+
+async def _one(text: str) -> AsyncIterator[bytes]:
+    yield text.encode()
