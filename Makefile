@@ -35,7 +35,9 @@ system-deps:
 
 run: install
 	@echo "model server on http://127.0.0.1:11434, registry on http://127.0.0.1:5000 (Ctrl-C stops both)"
-	@trap 'kill 0' INT TERM EXIT; \
+	@# Reset the trap first: `kill 0` signals this shell too, and re-entering the trap recursed
+	@# until dash segfaulted.
+	@trap 'trap - INT TERM EXIT; kill 0' INT TERM EXIT; \
 	$(BIN)/ferry serve & \
 	if $(BIN)/ferry registry --help >/dev/null 2>&1; then $(BIN)/ferry registry serve & fi; \
 	wait
