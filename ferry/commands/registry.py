@@ -57,7 +57,8 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     print(f"registry on http://{settings.registry_host}:{settings.registry_port}, "
           f"storing in {settings.registry_root}", flush=True)
     uvicorn.run(app, host=settings.registry_host, port=settings.registry_port,
-                log_level="warning", timeout_graceful_shutdown=5, http="httptools",
+                log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                http="httptools",
                 loop="uvloop")
     return 0
 

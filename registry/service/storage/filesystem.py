@@ -41,6 +41,13 @@ class FilesystemStore:
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="ferry-fs")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    def _pread(self, fd: int, position: int, end: int) -> asyncio.Future[bytes]:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="ferry-fs")
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._executor, os.pread, fd, min(PIECE, end - position),
+                                    position)
+
     def close(self) -> None:
         """Stop the worker threads (the app's shutdown calls this)."""
         if self._executor is not None:
@@ -63,20 +70,26 @@ class FilesystemStore:
             fd = os.open(self._path(key), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise KeyNotFound(key) from exc
+        ahead: asyncio.Future[bytes] | None = None
         try:
             end = os.fstat(fd).st_size if length is None else offset + length
             if end - offset <= INLINE_READ:
                 if end > offset:
                     yield os.pread(fd, end - offset, offset)
                 return
+            # Read one piece ahead, so the disk works while the previous piece is being sent.
+            ahead = self._pread(fd, offset, end)
             position = offset
-            while position < end:
-                piece = await self._offload(os.pread, fd, min(PIECE, end - position), position)
+            while ahead is not None:
+                piece = await ahead
+                position += len(piece)
+                ahead = self._pread(fd, position, end) if piece and position < end else None
                 if not piece:
                     break
-                position += len(piece)
                 yield piece
         finally:
+            if ahead is not None:  # the consumer left early: the fd stays open until it is done
+                await asyncio.wait([ahead])
             os.close(fd)
 
     async def get(self, key: str) -> bytes:
