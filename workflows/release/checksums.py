@@ -36,6 +36,8 @@ def scan_dist(dist: Path) -> list[LocalAsset]:
     for path in sorted(dist.iterdir(), key=lambda p: p.name):
         if path.name == CHECKSUM_FILE or not path.is_file():
             continue
+        if "\n" in path.name or "\\" in path.name:  # sha256sum would escape these lines
+            raise ReleaseError(f"{path.name!r}: asset names cannot hold newlines or backslashes")
         size, digest = hash_file(path)
         assets.append(LocalAsset(name=path.name, path=path, size=size, sha256=digest))
     if not assets:

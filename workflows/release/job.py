@@ -132,13 +132,16 @@ def _run_locked(store: ReleaseStore, ref: ReleaseRef, payloads: list[LocalAsset]
 
 def delete_old_assets(store: ReleaseStore, ref: ReleaseRef, delays: Sequence[float],
                       sleep: Callable[[float], None], emit: Emit) -> int:
-    """Delete every asset the release holds; each retry starts from a fresh listing."""
+    """Delete every asset the release holds, the checksum file first; each retry starts from
+    a fresh listing."""
     deleted = 0
 
     def attempt() -> None:
         nonlocal deleted
         failures = []
-        for asset in store.list_assets(ref):
+        # The old checksum file goes first, so it never lists payloads already deleted.
+        listing = store.list_assets(ref)
+        for asset in sorted(listing, key=lambda a: a.name != checksums.CHECKSUM_FILE):
             try:
                 store.delete_asset(ref, asset)
                 deleted += 1

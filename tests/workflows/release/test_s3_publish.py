@@ -128,6 +128,8 @@ def test_retag_moves_the_release_and_old_assets_are_deleted_with_fresh_listings(
     stored = bucket_files(s3_server, bucket, "rel/v1.2.0")
     assert stored.pop(checksums.CHECKSUM_FILE).decode() == sha256sum_text(files)
     assert stored == files
+    deletes = [e for e in proxy.entries("DELETE", "/rel/v1.2.0/")]
+    assert deletes[0].path.endswith("/" + checksums.CHECKSUM_FILE)
     # every failed delete is re-sent only after a fresh listing of the release
     log = proxy.entries()
     failed = [e for e in log if e.outcome == "injected 500"]

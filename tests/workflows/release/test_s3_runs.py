@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+import threading
 import time
 
 import pytest
@@ -134,3 +135,67 @@ def test_lease_is_exclusive_expires_and_is_lost_to_a_takeover(s3_server):
     second.release()
     store.acquire_lease(REF, "third", ttl=60).release()
     store.close()
+
+
+def _publish_in_thread(store, dist, ttl: float):
+    from workflows.release.job import PublishOptions, publish
+
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            result["report"] = publish(store, "v2.0.0", dist, PublishOptions(
+                retry_delays=(0.01,), parallel=1, lease_ttl=ttl, lease_wait=0))
+        except Exception as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def test_the_lease_is_renewed_while_a_run_outlives_its_ttl(s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    files = payloads("long", 5, size=512)
+    proxy = _slow_puts(s3_server, 0.25)
+    with running(proxy) as url:
+        store = S3ReleaseStore(bucket, "rel", endpoint_url=url)
+        thread, result = _publish_in_thread(store, make_dist(tmp_path / "d", files), ttl=0.6)
+        other = S3ReleaseStore(bucket, "rel", endpoint_url=s3_server)
+        refused = 0
+        while thread.is_alive():
+            try:
+                other.acquire_lease(REF, "intruder", ttl=60).release()
+                pytest.fail("a second run got the lease while the first was running")
+            except LeaseHeld:
+                refused += 1
+            time.sleep(0.1)
+        thread.join()
+        store.close()
+        other.close()
+    assert refused >= 5  # the run lasted well beyond its 0.6 s lease, renewed throughout
+    assert result["report"].ok, result  # type: ignore[union-attr]
+    stored = bucket_files(s3_server, bucket, "rel/v2.0.0")
+    assert set(stored) == {*files, checksums.CHECKSUM_FILE}
+
+
+def test_a_run_whose_lease_is_taken_stops_without_a_checksum_file(s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    proxy = _slow_puts(s3_server, 0.25)
+    with running(proxy) as url:
+        store = S3ReleaseStore(bucket, "rel", endpoint_url=url)
+        thread, result = _publish_in_thread(store, make_dist(tmp_path / "d", payloads("x", 6)),
+                                            ttl=0.6)
+        while not proxy.entries("PUT", "/rel/v2.0.0/"):
+            time.sleep(0.02)
+        # another party overwrites the lock object: the next renewal's If-Match fails
+        client(s3_server).put_object(Bucket=bucket, Key="rel/v2.0.0.lock",
+                                     Body=json.dumps({"holder": "thief", "expires_at": 1e12}))
+        thread.join(timeout=60)
+        store.close()
+    report = result.get("report")
+    if report is not None:  # the lost lease failed the remaining uploads
+        assert not report.ok and any("lease" in (a.error or "") for a in report.assets)
+    else:
+        assert isinstance(result["error"], LeaseLost)
+    assert checksums.CHECKSUM_FILE not in bucket_files(s3_server, bucket, "rel/v2.0.0")
