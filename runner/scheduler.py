@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -40,6 +42,8 @@ DEFAULT_OVERHEAD = 512 * 1024 * 1024
 STOP_GRACE_SECONDS = 5.0
 
 Command = Callable[[str, int], list[str]]
+# The directory holding our packages: a runner imports ferry from here, not from its cwd.
+SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 class InsufficientMemory(APIError):
@@ -55,8 +59,19 @@ class SchedulerClosed(APIError):
 
 
 def runner_command(name: str, port: int) -> list[str]:
-    """The command that starts a runner: this interpreter running the `ferry` CLI."""
-    return [sys.executable, "-m", "ferry.cli", "runner", "--model", name, "--port", str(port)]
+    """The command that starts a runner: this interpreter running the `ferry` CLI.
+
+    `-P` keeps the server's working directory off sys.path, so a stray `registry/` folder there
+    cannot shadow ours; `runner_env` puts our own directory on PYTHONPATH instead.
+    """
+    return [sys.executable, "-P", "-m", "ferry.cli", "runner", "--model", name,
+            "--port", str(port)]
+
+
+def runner_env(settings: Any) -> dict[str, str]:
+    env: dict[str, str] = settings.child_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def _key(name: str) -> str:
@@ -217,7 +232,7 @@ class Scheduler:
         """Spawn and record a runner (caller holds the lock); a task polls it until ready."""
         port = free_port()
         argv = self.command(key, port)
-        env = self.settings.child_env()
+        env = runner_env(self.settings)
         log.info("starting runner for %s on port %d", key, port)
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

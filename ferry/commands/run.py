@@ -20,6 +20,7 @@ from typing import Any
 from ferry.client import CLIError, ServerClient
 from ferry.commands.models import human_bytes, human_time, table
 from ferry.config import Settings
+from runner.scheduler import runner_env
 
 HELP = """Available Commands:
   /clear          Clear session context
@@ -201,9 +202,9 @@ def ensure_server(settings: Settings, wait: float = 30.0) -> None:
     log_dir = settings.home / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "server.log", "ab") as log:
-        subprocess.Popen([sys.executable, "-m", "ferry.cli", "serve"], stdin=subprocess.DEVNULL,
-                         stdout=log, stderr=log, env=settings.child_env(),
-                         start_new_session=True)
+        subprocess.Popen([sys.executable, "-P", "-m", "ferry.cli", "serve"],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                         env=runner_env(settings), start_new_session=True)
     deadline = time.monotonic() + wait
     while not _server_up(settings):
         if time.monotonic() > deadline:

@@ -1,0 +1,121 @@
+"""The chat API through the real runner: the official `ollama` and `openai` clients, /api/ps.
+
+One model server and one runner process serve the whole module (a runner takes seconds to
+start). The tiny model answers greedily, so streamed and non-streamed answers must agree.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import ollama
+import openai
+import pytest
+from served_model import serve_tiny_model
+
+QUESTION = [{"role": "user", "content": "hello there"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, make_checkpoint):
+    with serve_tiny_model(tmp_path_factory.mktemp("home"), make_checkpoint) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return ollama.Client(host=served.url, timeout=120)
+
+
+def test_ollama_generate_streamed_and_not_agree(client, served):
+    whole = client.generate(model=served.model, prompt="hello there")
+    assert whole.done and whole.done_reason in ("stop", "length")
+    assert whole.eval_count and whole.eval_count <= 8  # the model's PARAMETER num_predict
+    assert whole.prompt_eval_count and whole.prompt_eval_duration
+    assert whole.total_duration >= whole.eval_duration > 0
+    assert whole.load_duration is not None and whole.created_at
+    chunks = list(client.generate(model=served.model, prompt="hello there", stream=True))
+    assert all(not c.done for c in chunks[:-1]) and chunks[-1].done
+    assert "".join(c.response for c in chunks) == whole.response
+    assert chunks[-1].eval_count == whole.eval_count
+
+
+def test_ollama_chat_streamed_and_not_agree(client, served):
+    whole = client.chat(model=served.model, messages=QUESTION)
+    assert whole.message.role == "assistant" and whole.done
+    assert whole.eval_count and whole.total_duration
+    chunks = list(client.chat(model=served.model, messages=QUESTION, stream=True))
+    assert chunks[-1].done and chunks[-1].done_reason in ("stop", "length")
+    assert "".join(c.message.content for c in chunks) == whole.message.content
+
+
+def test_request_options_override_the_model_defaults(client, served):
+    short = client.generate(model=served.model, prompt="hello there",
+                            options={"num_predict": 2})
+    assert short.eval_count <= 2 and short.done_reason == "length"
+
+
+def test_openai_client_streams_a_chat_completion(served):
+    api = openai.OpenAI(base_url=f"{served.url}/v1", api_key="ferry", timeout=120)
+    whole = api.chat.completions.create(model=served.model, messages=QUESTION)
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert whole.usage.completion_tokens > 0
+    stream = api.chat.completions.create(model=served.model, messages=QUESTION, stream=True,
+                                         stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] in ("stop", "length") and chunks[-1].usage.completion_tokens > 0
+    assert [m.id for m in api.models.list()] == ["me/tiny:latest"]
+
+
+def test_openai_errors_use_openai_shape(served):
+    api = openai.OpenAI(base_url=f"{served.url}/v1", api_key="ferry", timeout=60)
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        api.chat.completions.create(model="me/missing", messages=QUESTION)
+
+
+def test_ps_lists_the_loaded_model_with_its_compute_path(client, served):
+    client.generate(model=served.model, prompt="hi", keep_alive="10m")
+    (loaded,) = httpx.get(f"{served.url}/api/ps").json()["models"]
+    assert loaded["name"] == "me/tiny:latest"
+    assert loaded["compute"] in ("float32", "native")
+    assert loaded["context_length"] > 0 and loaded["size"] > 0
+    assert loaded["expires_at"] > time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    (listed,) = client.ps().models
+    assert listed.model == "me/tiny:latest"
+
+
+def test_images_are_refused_for_a_text_only_model(client, served):
+    with pytest.raises(ollama.ResponseError, match="does not support images") as info:
+        client.chat(model=served.model, messages=[{"role": "user", "content": "what is this",
+                                                   "images": ["aGVsbG8="]}])
+    assert info.value.status_code == 400
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(ollama.ResponseError) as info:
+        client.generate(model="me/missing", prompt="hi")
+    assert info.value.status_code == 404
+
+
+def test_json_format_failure_or_success_is_valid(client, served):
+    """A random model rarely writes JSON: the answer is valid JSON or a clear 500, never junk."""
+    import json
+
+    try:
+        answer = client.generate(model=served.model, prompt="a json object", format="json")
+    except ollama.ResponseError as exc:
+        assert exc.status_code == 500 and "valid JSON" in str(exc)
+    else:
+        assert isinstance(json.loads(answer.response), dict | list)
+
+
+def test_keep_alive_zero_unloads_after_the_request(client, served):
+    client.generate(model=served.model, prompt="bye", keep_alive=0)
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{served.url}/api/ps").json()["models"]:
+        assert time.monotonic() < deadline, "runner still loaded"
+        time.sleep(0.1)
