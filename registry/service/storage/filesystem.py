@@ -21,6 +21,7 @@ from registry.service.storage.base import KeyNotFound, Stat
 
 PIECE = 1024 * 1024  # bytes per read or write handed to a worker thread
 INLINE_READ = 256 * 1024  # objects up to this size are read on the loop in one call
+INLINE_WRITE = 64 * 1024  # a last piece up to this size is written on the loop
 
 
 class FilesystemStore:
@@ -132,8 +133,10 @@ class FilesystemStore:
                     pending, pending_size = [], 0
         finally:
             # Whatever arrived before a failure is kept, so the session can resume from it.
-            if pending:
+            if pending_size > INLINE_WRITE:
                 written += await asyncio.shield(self._offload(_write_all, fd, pending))
+            elif pending:  # a log line or a tiny last chunk: cheaper than a thread hop
+                written += _write_all(fd, pending)
             os.close(fd)
         return written
 
