@@ -90,6 +90,29 @@ class OllamaModelsDir:
         }
         return self.manifest(name, config, layers, host=host, namespace=namespace)
 
+    def tensor_model(self, name: str, namespace: str = "library") -> bytes:
+        """An MLX model as create writes it: one dense and one int4-packed tensor blob."""
+        dense = safetensors_blob({"model.embed_tokens.weight": ("BF16", [64, 16])})
+        packed = safetensors_blob(
+            {"model.layers.0.mlp.up_proj.weight": ("U32", [32, 8]),
+             "model.layers.0.mlp.up_proj.weight.scale": ("BF16", [32, 1]),
+             "model.layers.0.mlp.up_proj.weight.bias": ("BF16", [32, 1])},
+            metadata={"quant_type": "int4", "group_size": "64"},
+        )
+        config_json = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                       "hidden_size": 16, "num_hidden_layers": 1,
+                       "max_position_embeddings": 256, "vocab_size": 64,
+                       "num_attention_heads": 2}
+        layers = [
+            self.layer("tensor", dense, name="model.embed_tokens.weight"),
+            self.layer("tensor", packed, name="model.layers.0.mlp.up_proj.weight"),
+            self.layer("json", json.dumps(config_json).encode(), name="config.json"),
+        ]
+        config = {"model_format": "safetensors", "file_type": "int4", "requires": "0.19.0",
+                  "capabilities": ["completion", "thinking"], "renderer": "qwen3-coder",
+                  "parser": "qwen3"}
+        return self.manifest(name, config, layers, namespace=namespace)
+
     def gguf_metadata(self, weights_digest: str, kv: dict[str, Any],
                       omitted: list[str] | None = None) -> Path:
         """The per-blob metadata file of reference 2.8 for a model blob."""

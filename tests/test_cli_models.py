@@ -68,6 +68,18 @@ def test_show_prints_the_summary_and_single_fields(cli, models):
     assert "# FROM chat:v1\n" in modelfile and "PARAMETER num_ctx 2048\n" in modelfile
 
 
+def test_show_verbose_prints_metadata_and_tensors(cli, models):
+    models.tensor_model("tiny:int4", namespace="me")
+    rc, out, _ = cli("show", "me/tiny:int4", "--verbose")
+    assert rc == 0
+    assert out.startswith("\n  Model\n    architecture       llama\n    parameters         3.1K\n")
+    assert "    requires           0.19.0\n" in out
+    assert "  Metadata\n" in out and "llama.block_count" in out
+    assert "  Tensors\n" in out
+    assert "model.layers.0.mlp.up_proj.weight   INT4   [32, 64]" in out
+    assert "Tensors" not in cli("show", "me/tiny:int4")[1]
+
+
 def test_cp_then_rm_through_the_cli(cli, models, settings):
     models.gguf_model("src:latest")
     assert cli("cp", "src", "dst:v2") == (0, "copied 'src' to 'dst:v2'\n", "")

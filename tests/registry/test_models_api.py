@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from fixtures_ollama import TOOLS_TEMPLATE, OllamaModelsDir, go_json, safetensors_blob
+from fixtures_ollama import TOOLS_TEMPLATE, OllamaModelsDir, go_json
 
 GOOD = "sha256:" + "a" * 64
 
@@ -142,30 +142,8 @@ def test_show_model_info_comes_from_the_metadata_file(http, ollama_dir):
     assert verbose["model_info"]["tokenizer.ggml.token_type"] == [1, 1, 3]
 
 
-def _tensor_model(ollama_dir: OllamaModelsDir) -> None:
-    dense = safetensors_blob({"model.embed_tokens.weight": ("BF16", [64, 16])})
-    packed = safetensors_blob(
-        {"model.layers.0.mlp.up_proj.weight": ("U32", [32, 8]),
-         "model.layers.0.mlp.up_proj.weight.scale": ("BF16", [32, 1]),
-         "model.layers.0.mlp.up_proj.weight.bias": ("BF16", [32, 1])},
-        metadata={"quant_type": "int4", "group_size": "64"},
-    )
-    config_json = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                   "hidden_size": 16, "num_hidden_layers": 1, "max_position_embeddings": 256,
-                   "vocab_size": 64, "num_attention_heads": 2}
-    layers = [
-        ollama_dir.layer("tensor", dense, name="model.embed_tokens.weight"),
-        ollama_dir.layer("tensor", packed, name="model.layers.0.mlp.up_proj.weight"),
-        ollama_dir.layer("json", json.dumps(config_json).encode(), name="config.json"),
-    ]
-    config = {"model_format": "safetensors", "file_type": "int4", "requires": "0.19.0",
-              "capabilities": ["completion", "thinking"], "renderer": "qwen3-coder",
-              "parser": "qwen3"}
-    ollama_dir.manifest("tiny:int4", config, layers, namespace="me")
-
-
 def test_show_tensor_model_reads_config_json_and_safetensors_headers(http, ollama_dir):
-    _tensor_model(ollama_dir)
+    ollama_dir.tensor_model("tiny:int4", namespace="me")
     body = http.post("/api/show", json={"model": "me/tiny:int4"}).json()
     assert body["model_info"] == {
         "general.architecture": "llama", "general.parameter_count": 64 * 16 + 32 * 64,
