@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -40,6 +41,7 @@ from workflows.create.inventory import TensorInfo
 from workflows.create.plan import BlobPlan, ModelPlan, TensorPlan
 
 CHUNK_BYTES = 4 * 1024 * 1024
+_MLX_LOCK = threading.Lock()
 _NUMPY_STORAGE = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
 Progress = Callable[[dict[str, Any]], None]
 
@@ -153,12 +155,17 @@ def load_tensor(tensor: TensorPlan) -> Any:
 
 
 def _quantized_parts(tensor: TensorPlan) -> list[Part]:
+    """Quantize one tensor and copy its parts to host memory; MLX's buffers are released."""
     qtype: QuantType = tensor.quant  # type: ignore[assignment]
-    quantized = quantize(load_tensor(tensor), qtype)
-    keys = {"weight": tensor.name, "scale": f"{tensor.name}.scale",
-            "bias": f"{tensor.name}.bias"}
-    return [_array_part(keys[part], quantized[part])
-            for part in ("weight", "scale", "bias") if part in quantized]
+    with _MLX_LOCK:  # one MLX job at a time, however many creates run
+        quantized = quantize(load_tensor(tensor), qtype)
+        keys = {"weight": tensor.name, "scale": f"{tensor.name}.scale",
+                "bias": f"{tensor.name}.bias"}
+        parts = [_array_part(keys[part], quantized[part])
+                 for part in ("weight", "scale", "bias") if part in quantized]
+        del quantized
+        load_mlx().clear_cache()  # else the buffer cache grows toward the model's size
+    return parts
 
 
 def _array_part(key: str, array: Any) -> Part:

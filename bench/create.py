@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Benchmark: `ferry create --quantize` end to end versus `mlx_lm.convert -q`, same checkpoint.
+
+    .venv/bin/python bench/create.py [--preset medium] [--arch llama] [--types int4,int8,...]
+
+For each quantize type, a fresh `ferry serve` (own FERRY_HOME) runs, and the `ferry create`
+CLI hashes and uploads the checkpoint and asks the server to quantize it. Measured: the CLI's
+wall time (upload included), the server's peak RSS during the create (sampled every 10 ms) and
+the CLI's. mlx-lm runs `mlx_lm.convert` on the same checkpoint for the types it can match
+(affine int4/int8 with group size 64, and the fp modes); its wall time and peak RSS (the whole
+process: it loads the model) are sampled the same way. Prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+MAKE_CHECKPOINT = REPO.parent / "shared" / "fixtures" / "make_checkpoint.py"
+PYTHON = sys.executable
+MLX_LM_ARGS = {
+    "int4": ["--q-bits", "4", "--q-group-size", "64"],
+    "int8": ["--q-bits", "8", "--q-group-size", "64"],
+    "nvfp4": ["--q-mode", "nvfp4"],
+    "mxfp4": ["--q-mode", "mxfp4"],
+    "mxfp8": ["--q-mode", "mxfp8"],
+}
+
+
+class PeakRSS:
+    """Samples a process's RSS (plus its children's) in a thread until stopped."""
+
+    def __init__(self, pid: int, interval: float = 0.01) -> None:
+        self.proc, self.interval, self.peak = psutil.Process(pid), interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                rss = self.proc.memory_info().rss
+                rss += sum(c.memory_info().rss for c in self.proc.children(recursive=True))
+            except psutil.Error:
+                return
+            self.peak = max(self.peak, rss)
+            time.sleep(self.interval)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_checkpoint(out: Path, preset: str, arch: str) -> Path:
+    if not (out / "config.json").exists():
+        print(f"building the {preset} {arch} fixture in {out} ...", flush=True)
+        subprocess.run([PYTHON, str(MAKE_CHECKPOINT), "--out", str(out), "--preset", preset,
+                        "--arch", arch, "--force"], check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS bytes of a command (and its children)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with PeakRSS(proc.pid) as rss:
+        _, err = proc.communicate()
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{err.decode()[-2000:]}")
+    return wall, rss.peak
+
+
+def bench_ferry(ckpt: Path, qtype: str, work: Path) -> dict[str, float]:
+    home = work / f"ferry-{qtype}"
+    port = free_port()
+    env = {**os.environ, "FERRY_HOME": str(home), "FERRY_HOST": f"127.0.0.1:{port}"}
+    server = subprocess.Popen([PYTHON, "-m", "ferry.cli", "serve"], env=env, cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_ready(port)
+        idle = psutil.Process(server.pid).memory_info().rss
+        (work / "Modelfile").write_text(f"FROM {ckpt}\n")
+        with PeakRSS(server.pid) as server_rss:
+            wall, cli_peak = run_measured(
+                [PYTHON, "-m", "ferry.cli", "create", f"bench/m:{qtype}", "-f",
+                 str(work / "Modelfile"), "--quantize", qtype], env)
+        return {"wall": wall, "server_peak": server_rss.peak, "server_idle": idle,
+                "cli_peak": cli_peak}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _wait_ready(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/api/version", timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError("ferry serve did not start")
+
+
+def bench_mlx_lm(ckpt: Path, qtype: str, work: Path) -> dict[str, float]:
+    out = work / f"mlx-{qtype}"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [PYTHON, "-m", "mlx_lm", "convert", "--hf-path", str(ckpt), "--mlx-path", str(out),
+           "-q", *MLX_LM_ARGS[qtype]]
+    wall, peak = run_measured(cmd, dict(os.environ))
+    shutil.rmtree(out, ignore_errors=True)
+    return {"wall": wall, "peak": peak}
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="medium")
+    parser.add_argument("--arch", default="llama")
+    parser.add_argument("--types", default="int4,int8,nvfp4,mxfp4,mxfp8")
+    parser.add_argument("--checkpoint", type=Path, help="reuse a fixture dir")
+    parser.add_argument("--mlx-lm-types", default="int4,int8",
+                        help="types to also run through mlx_lm.convert")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ferry-bench-create-"))
+    try:
+        ckpt = build_checkpoint(args.checkpoint or work / "ckpt", args.preset, args.arch)
+        size = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+        print(f"checkpoint: {args.preset} {args.arch}, {size / 1e9:.2f} GB of safetensors")
+        header = (f"{'type':6} | {'ferry wall':>10} | {'server peak':>11} | {'(idle)':>8} | "
+                  f"{'cli peak':>8} | {'mlx-lm wall':>11} | {'mlx-lm peak':>11} | "
+                  f"{'wall x':>6} | {'rss x':>5}")
+        rows = []
+        for qtype in args.types.split(","):
+            ferry = bench_ferry(ckpt, qtype, work)
+            ref = (bench_mlx_lm(ckpt, qtype, work)
+                   if qtype in args.mlx_lm_types.split(",") else None)
+            rows.append(_row(qtype, ferry, ref))
+            print(rows[-1], flush=True)
+        print()
+        print(header)
+        print("\n".join(rows))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _row(qtype: str, ferry: dict[str, float], ref: dict[str, float] | None) -> str:
+    base = (f"{qtype:6} | {ferry['wall']:9.1f}s | {mib(ferry['server_peak']):>11} | "
+            f"{mib(ferry['server_idle']):>8} | {mib(ferry['cli_peak']):>8}")
+    if ref is None:
+        return base + f" | {'-':>11} | {'-':>11} | {'-':>6} | {'-':>5}"
+    return base + (f" | {ref['wall']:10.1f}s | {mib(ref['peak']):>11} | "
+                   f"{ferry['wall'] / ref['wall']:5.2f}x | "
+                   f"{ferry['server_peak'] / ref['peak']:4.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
