@@ -28,7 +28,7 @@ from registry.names import Name
 from registry.store import Store
 from runner.quant import QuantRuntimeUnavailable, load_mlx
 from workflows.create import CreateOptions, create, modelfile_layers, publish
-from workflows.create.config_blob import check_requires
+from workflows.create.config_blob import apply_info, check_requires, parse_info
 from workflows.create.errors import CreateError
 from workflows.create.gguf_import import gguf_layers
 from workflows.create.stage import is_gguf, parse_files_map, require_blobs, staged_dir
@@ -60,6 +60,7 @@ class CreateRequest:
         if self.gguf:
             layers, config = gguf_layers(self.files, store, progress, cancel)
             layers += modelfile_layers(self.options, store)
+            apply_info(config, self.options.info or {})
             return publish(self.name, config, layers, store, progress, cancel,
                            self.options.noprune)
         with contextlib.ExitStack() as stack:
@@ -75,6 +76,7 @@ class CreateRequest:
 def parse_request(data: dict[str, Any], store: Store, limits: CreateLimits) -> CreateRequest:
     """Validate the body against the store; every problem is a CreateError (400)."""
     name = Name.parse_valid(require_str(data, "model", "name"))
+    info = parse_info(data.get("info"))
     if data.get("remote_host"):
         raise CreateError("remote models are not supported by ferry")
     if data.get("adapters"):
@@ -101,7 +103,7 @@ def parse_request(data: dict[str, Any], store: Store, limits: CreateLimits) -> C
         license=_licenses(data.get("license")), parameters=_object(data, "parameters"),
         messages=_messages(data.get("messages")),
         requires=check_requires(r) if (r := _optional_str(data, "requires")) else None,
-        noprune=limits.noprune,
+        noprune=limits.noprune, info=info,
     )
     return CreateRequest(name, files, draft_files, gguf, options)
 

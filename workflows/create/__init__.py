@@ -23,7 +23,7 @@ from registry.manifests import Descriptor, ModelConfig, build_manifest, parse_ma
 from registry.names import Name
 from registry.store import Store
 from runner.quant import QuantType
-from workflows.create.config_blob import build_config, draft_block
+from workflows.create.config_blob import apply_info, build_config, draft_block
 from workflows.create.errors import CreateCancelled, CreateError
 from workflows.create.inventory import Inventory, take_inventory
 from workflows.create.plan import plan_model
@@ -58,6 +58,7 @@ class CreateOptions:
     messages: list[Any] | None = None
     requires: str | None = None
     noprune: bool = False
+    info: dict[str, Any] | None = None  # validated `info` overrides of config fields
 
 
 def create(name: Name, staged_dir: Path | None, options: CreateOptions, store: Store,
@@ -76,6 +77,7 @@ def create(name: Name, staged_dir: Path | None, options: CreateOptions, store: S
     if draft is not None:
         layers += _import_draft(draft, options, store, progress, cancel)
     layers += modelfile_layers(options, store)
+    apply_info(config, options.info or {})
     return publish(name, config, layers, store, progress, cancel, options.noprune)
 
 

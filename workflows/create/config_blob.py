@@ -74,3 +74,40 @@ def check_requires(value: str) -> str:
     if tuple(map(int, parts)) < tuple(map(int, MIN_REQUIRES.split("."))):
         raise CreateError(f"requires {value!r} is lower than the minimum {MIN_REQUIRES}")
     return text
+
+
+_INFO_STRINGS = {"model_family": "model_family", "base_name": "base_name",
+                 "quantization_level": "file_type", "parameter_size": "model_type"}
+_INFO_INTS = ("context_length", "embedding_length")
+
+
+def parse_info(value: Any) -> dict[str, Any]:
+    """Validate a create request's `info` overrides (reference 2.1) before any work starts."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CreateError("info must be an object")
+    for key, item in value.items():
+        if key == "capabilities":
+            if not isinstance(item, list) or not all(isinstance(c, str) for c in item):
+                raise CreateError("info.capabilities must be an array of strings")
+        elif key in _INFO_STRINGS:
+            if not isinstance(item, str):
+                raise CreateError(f"info.{key} must be a string")
+        elif key in _INFO_INTS:
+            if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+                raise CreateError(f"info.{key} must be a non-negative integer")
+        else:
+            raise CreateError(f"info.{key} is not a field create can override")
+    return dict(value)
+
+
+def apply_info(config: ModelConfig, info: dict[str, Any]) -> None:
+    """Overwrite the config's fields with the request's `info` overrides."""
+    for key, item in info.items():
+        if key in _INFO_STRINGS and _INFO_STRINGS[key] in ModelConfig._FIELDS:
+            setattr(config, _INFO_STRINGS[key], item)
+        elif key in _INFO_STRINGS:
+            config.extra[_INFO_STRINGS[key]] = item
+        else:
+            setattr(config, key, list(item) if key == "capabilities" else item)

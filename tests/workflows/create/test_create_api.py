@@ -190,3 +190,24 @@ def test_client_disconnect_cancels_create(model_server, store, wide_checkpoint):
     uploaded = {Digest.parse(d).filename for d in files.values()}
     written = [p for p in store.blobs_dir.iterdir() if p.name not in uploaded]
     assert len(written) < 2 * 9 + 3  # stopped before the last of the 21 tensors
+
+
+def test_info_overrides_config_fields(model_server, store, make_checkpoint):
+    files = upload_dir(store, make_checkpoint("llama"))
+    info = {"capabilities": ["completion", "tools"], "parameter_size": "1M",
+            "context_length": 1024, "base_name": "tiny"}
+    resp = _post(model_server, {"model": "me/i", "files": files, "info": info,
+                                "stream": False})
+    assert resp.status_code == 200, resp.text
+    _, config = read_model(store, "me/i")
+    assert config.capabilities == ["completion", "tools"] and config.model_type == "1M"
+    assert config.context_length == 1024 and config.extra["base_name"] == "tiny"
+
+
+@pytest.mark.parametrize("info", [{"capabilities": "tools"}, {"context_length": -1},
+                                  {"model_family": 3}, {"unknown": 1}, []])
+def test_bad_info_is_refused(model_server, store, make_checkpoint, info):
+    files = upload_dir(store, make_checkpoint("llama"))
+    resp = _post(model_server, {"model": "me/bad", "files": files, "info": info})
+    assert resp.status_code == 400 and "info" in resp.json()["error"]
+    assert _no_model(store)
