@@ -1,0 +1,61 @@
+"""Per-layer KV cache that grows in 256-token steps (reference 3.3).
+
+Keys and values live in preallocated buffers of shape [batch, kv_heads, capacity, head_dim];
+a write of L tokens past capacity first trims the buffers to the live offset, then appends zeros
+for ceil(L/256)*256 more slots. Writes are slice updates; reads return the live prefix. Growing
+in steps keeps decode from reallocating the whole history every token.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+STEP = 256
+
+
+class KVCache:
+    def __init__(self) -> None:
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Append L new positions; return the whole history [0, offset+L)."""
+        length = keys.shape[2]
+        if self.offset + length > self.capacity:
+            self._grow(keys, values, length)
+        assert self.keys is not None and self.values is not None
+        end = self.offset + length
+        self.keys[..., self.offset:end, :] = keys
+        self.values[..., self.offset:end, :] = values
+        self.offset = end
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def _grow(self, keys: mx.array, values: mx.array, length: int) -> None:
+        batch, heads, _, k_dim = keys.shape
+        extra = -(-length // STEP) * STEP
+        new_k = mx.zeros((batch, heads, extra, k_dim), keys.dtype)
+        new_v = mx.zeros((batch, heads, extra, values.shape[3]), values.dtype)
+        if self.keys is None or self.values is None:
+            self.keys, self.values = new_k, new_v
+            return
+        live_k = self.keys[..., :self.offset, :]
+        live_v = self.values[..., :self.offset, :]
+        self.keys = mx.concatenate([live_k, new_k], axis=2)
+        self.values = mx.concatenate([live_v, new_v], axis=2)
+
+    @property
+    def state(self) -> list[mx.array]:
+        """The arrays to evaluate so that the cache holds no lazy graph."""
+        return [a for a in (self.keys, self.values) if a is not None]
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.state)
+
+
+def make_cache(num_layers: int) -> list[KVCache]:
+    return [KVCache() for _ in range(num_layers)]

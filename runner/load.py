@@ -1,0 +1,198 @@
+"""Manifest -> tensor blobs -> Model (reference 3.2).
+
+The checkpoint contract (written by workflows/create, see its write.py): JSON layers named by
+path (config.json, tokenizer.json, ...), Modelfile layers (template, system, params), and one
+tensor layer per tensor whose blob is a standalone safetensors file. A quantized tensor `N` comes
+as `N` (packed), `N.scale` and, for affine modes, `N.bias`; `N.bias` is a quantization bias only
+when `N.scale` exists, otherwise it is an ordinary layer bias. Draft (`draft.`) tensors are for
+speculative decoding, which this runner does not do; they are skipped.
+
+Compute paths (`FERRY_COMPUTE`): "native" keeps every tensor as stored (bf16 matmuls, quantized
+matmuls); "float32" dequantizes and upcasts each tensor as it is read, so every matmul is a dense
+float32 GEMM (the only kind MLX's CPU backend hands to BLAS, ~75x faster with OpenBLAS); "auto"
+picks float32 on a CPU when the float32 weights fit the memory budget, else native.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import psutil
+from mlx.utils import tree_flatten, tree_unflatten
+
+from registry import media_types as mt
+from registry.digests import Digest
+from registry.names import Name
+from registry.safetensors_header import logical_tensors, read_header
+from registry.store import Store
+from runner.models import get_model_module, model_type_for_architecture
+from runner.quant import QuantType
+
+Release = Callable[[], None]
+Progress = Callable[[float], None]
+FLOAT32_BUDGET = 0.7  # share of available memory float32 weights may take under "auto"
+
+
+class LoadError(RuntimeError):
+    """The model cannot be loaded here; the message says why."""
+
+
+@dataclass
+class ModelFiles:
+    """Everything in a manifest except tensor data."""
+
+    config: dict[str, Any]
+    files: dict[str, bytes]  # JSON layers by their path name
+    template: str | None
+    system: str | None
+    params: dict[str, Any]
+    tensor_blobs: list[tuple[str, Digest]]  # (layer name, digest), drafts excluded
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    files: ModelFiles
+    compute: str  # "float32" or "native"
+    weights_bytes: int
+    load_seconds: float
+    context_length: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.context_length = int(self.files.config.get("max_position_embeddings") or 4096)
+
+
+def read_model_files(store: Store, name: str) -> ModelFiles:
+    manifest = store.get_model(Name.parse_valid(name)).manifest()
+    files: dict[str, bytes] = {}
+    tensors: list[tuple[str, Digest]] = []
+    text: dict[str, str] = {}
+    for layer in manifest.layers:
+        if layer.media_type == mt.JSON and layer.name:
+            files[layer.name] = store.read_blob(layer.digest)
+        elif layer.media_type == mt.TENSOR and layer.name:
+            if not layer.name.startswith("draft."):
+                tensors.append((layer.name, layer.digest))
+        elif layer.media_type in (mt.TEMPLATE, mt.PROMPT, mt.SYSTEM, mt.PARAMS):
+            text[layer.media_type] = store.read_blob(layer.digest).decode()
+    if "config.json" not in files:
+        raise LoadError(f"model {name} has no config.json layer")
+    if not tensors:
+        raise LoadError(f"model {name} has no tensor layers (only safetensors models run here)")
+    params = json.loads(text[mt.PARAMS]) if mt.PARAMS in text else {}
+    return ModelFiles(json.loads(files["config.json"]), files,
+                      text.get(mt.TEMPLATE, text.get(mt.PROMPT)), text.get(mt.SYSTEM), params,
+                      tensors)
+
+
+def float32_bytes(store: Store, files: ModelFiles) -> int:
+    """What the weights take once dequantized to float32 (headers only, no data read)."""
+    total = 0
+    for _, digest in files.tensor_blobs:
+        total += sum(t.elements * 4 for t in logical_tensors(read_header(store.blob_path(digest))))
+    return total
+
+
+def choose_compute(setting: str, store: Store, files: ModelFiles) -> str:
+    if setting in ("native", "float32"):
+        return setting
+    if mx.default_device().type != mx.DeviceType.cpu:
+        return "native"
+    budget = psutil.virtual_memory().available * FLOAT32_BUDGET
+    return "float32" if float32_bytes(store, files) <= budget else "native"
+
+
+def _quant_type(metadata: dict[str, str], key: str) -> QuantType | None:
+    per_tensor = {k[len(key) + 1:]: v for k, v in metadata.items() if k.startswith(key + ".")}
+    return QuantType.from_metadata(per_tensor or metadata)
+
+
+def read_blob_tensors(path: str, compute: str) -> tuple[dict[str, mx.array], dict[str, QuantType]]:
+    """One blob's tensors under module parameter names; quant types by module path."""
+    arrays, metadata = mx.load(path, format="safetensors", return_metadata=True)  # type: ignore[misc]
+    weights: dict[str, mx.array] = {}
+    qtypes: dict[str, QuantType] = {}
+    for key, array in arrays.items():
+        if key.endswith((".scale", ".bias")) and key.rsplit(".", 1)[0] + ".scale" in arrays:
+            continue  # quantization companions, taken with their tensor below
+        if key + ".scale" not in arrays:
+            weights[key] = array.astype(mx.float32) if compute == "float32" else array
+            continue
+        qtype = _quant_type(metadata, key)
+        if qtype is None:
+            raise LoadError(f"tensor {key} has scales but no quant_type metadata")
+        scale, bias = arrays[key + ".scale"], arrays.get(key + ".bias")
+        module = key.removesuffix(".weight")
+        if compute == "float32":
+            weights[key] = mx.dequantize(array, scale, bias if qtype.has_bias else None,
+                                         group_size=qtype.group_size, bits=qtype.bits,
+                                         mode=qtype.mode).astype(mx.float32)
+            continue
+        qtypes[module] = qtype
+        weights[f"{module}.weight"], weights[f"{module}.scales"] = array, scale
+        if qtype.has_bias and bias is not None:
+            weights[f"{module}.biases"] = bias
+    return weights, qtypes
+
+
+def quantize_modules(model: nn.Module, qtypes: dict[str, QuantType]) -> None:
+    """Swap each dense layer whose tensor is stored quantized for its quantized twin."""
+    swaps = [(path, module.to_quantized(qtypes[path]))
+             for path, module in model.named_modules() if path in qtypes]
+    missing = set(qtypes) - {path for path, _ in swaps}
+    if missing:
+        raise LoadError(f"quantized tensors for unknown layers: {', '.join(sorted(missing))}")
+    model.update_modules(tree_unflatten(swaps))
+
+
+def build_model(config: dict[str, Any]) -> tuple[nn.Module, Any]:
+    model_type = config.get("model_type")
+    if not model_type:
+        archs = config.get("architectures") or [""]
+        model_type = model_type_for_architecture(archs[0])
+    try:
+        module = get_model_module(str(model_type))
+    except ValueError as exc:
+        raise LoadError(str(exc)) from exc
+    return module.Model(module.ModelArgs.from_dict(config)), module
+
+
+def load_model(store: Store, name: str, compute: str = "auto",
+               progress: Progress | None = None, release: Release = mx.clear_cache
+               ) -> LoadedModel:
+    """Load `name`: every tensor blob once, transformed as the compute path needs, evaluated,
+    then MLX's buffer pool released so load-time temporaries leave nothing held."""
+    started = time.perf_counter()
+    files = read_model_files(store, name)
+    path = choose_compute(compute, store, files)
+    model, module = build_model(files.config)
+    weights: dict[str, mx.array] = {}
+    qtypes: dict[str, QuantType] = {}
+    for done, (_, digest) in enumerate(files.tensor_blobs, 1):
+        blob_weights, blob_qtypes = read_blob_tensors(str(store.blob_path(digest)), path)
+        mx.eval(list(blob_weights.values()))  # upcast now: the source arrays are freed as we go
+        weights.update(blob_weights)
+        qtypes.update(blob_qtypes)
+        if progress is not None:
+            progress(done / len(files.tensor_blobs))
+    if hasattr(module, "sanitize"):
+        weights = module.sanitize(weights)
+    if getattr(model, "args", None) is not None and model.args.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    quantize_modules(model, qtypes)
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        raise LoadError(f"model {name}: {exc}") from exc
+    del weights
+    mx.eval(model.parameters())
+    release()
+    nbytes = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
+    return LoadedModel(model, files, path, nbytes, time.perf_counter() - started)
+

@@ -1,0 +1,1 @@
+"""Layer kinds for the runner's architectures, one per module (STYLE.md habit 1)."""

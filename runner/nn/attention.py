@@ -1,0 +1,58 @@
+"""Multi-head self-attention with grouped KV heads (GQA), RoPE and a causal mask.
+
+Projections are `runner.nn.linear` layers (dense or quantized, decided at load); the optional
+per-head `q_norm`/`k_norm` (Qwen3) are applied before RoPE. `mx.fast.scaled_dot_product_attention`
+broadcasts the KV heads over the query groups itself, so K and V are never repeated in memory, and
+its "causal" mask is aligned to the end of the history, which is what a cached prefill needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from runner.kv_cache import KVCache
+from runner.nn.linear import Linear
+from runner.nn.norm import RMSNorm
+from runner.nn.rope import RoPE
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 rope_theta: float, rope_scaling: dict[str, Any] | None = None,
+                 bias: bool = False, qk_norm_eps: float | None = None) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim ** -0.5
+        self.q_proj = Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.k_proj = Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=bias)
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        self.rope = RoPE(head_dim, rope_theta, rope_scaling)
+
+    def _heads(self, x: mx.array, heads: int) -> mx.array:
+        batch, length, _ = x.shape
+        return x.reshape(batch, length, heads, self.head_dim)
+
+    def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
+        batch, length, _ = x.shape
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k = self._heads(self.k_proj(x), self.num_kv_heads)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        if "q_norm" in self:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        offset = cache.offset if cache is not None else 0
+        q, k = self.rope(q, offset), self.rope(k, offset)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        mask = "causal" if length > 1 else None
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
