@@ -44,13 +44,27 @@ async def tags(request: Request) -> JSONResponse:
     return JSONResponse({"models": models})
 
 
+def _check_pinned_digest(store: Store, name: Name, text: str) -> None:
+    """`model@sha256:...` names one manifest: refuse when the tag now points elsewhere."""
+    if not name.digest:
+        return
+    try:
+        actual = store.get_model(name).digest
+    except NotFound as exc:
+        raise NotFound(f"model '{text}' not found") from exc
+    if actual != Digest.parse(name.digest):
+        raise NotFound(f"model '{text}' not found: {name.display_shortest()} is {actual} now")
+
+
 async def show(request: Request) -> JSONResponse:
     data = await read_json(request)
     text = require_str(data, "model", "name")
     name = Name.parse_valid(text)
     verbose = data.get("verbose") is True
+    store = _store(request)
+    await asyncio.to_thread(_check_pinned_digest, store, name, text)
     try:
-        body = await asyncio.to_thread(show_model, _store(request), name, verbose)
+        body = await asyncio.to_thread(show_model, store, name, verbose)
     except IncompleteModel:
         raise
     except NotFound as exc:
@@ -90,8 +104,13 @@ async def copy(request: Request) -> Response:
     destination_text = _optional_str(data, "destination")
     source = _valid_name(source_text, "source")
     destination = _valid_name(destination_text, "destination")
+    if destination.digest:
+        raise APIError(400, f'destination "{destination_text}" is invalid: a copy needs a tag, '
+                       "not a digest")
+    store = _store(request)
+    await asyncio.to_thread(_check_pinned_digest, store, source, source_text)
     try:
-        await asyncio.to_thread(_store(request).copy_model, source, destination)
+        await asyncio.to_thread(store.copy_model, source, destination)
     except NotFound as exc:
         raise NotFound(f'model "{source_text}" not found') from exc
     return Response(status_code=200)
@@ -104,8 +123,10 @@ async def delete(request: Request) -> Response:
         name = Name.parse_valid(text)
     except InvalidName as exc:
         raise APIError(400, f'name "{text}" is invalid: {exc.reason}') from exc
+    store = _store(request)
+    await asyncio.to_thread(_check_pinned_digest, store, name, text)
     try:
-        await asyncio.to_thread(_store(request).delete_model, name)
+        await asyncio.to_thread(store.delete_model, name)
     except NotFound as exc:
         raise NotFound(f"model '{text}' not found") from exc
     return Response(status_code=200)

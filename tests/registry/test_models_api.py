@@ -321,6 +321,21 @@ def test_delete_accepts_the_legacy_name_field_and_any_case(http, ollama_dir):
     assert http.get("/api/tags").json() == {"models": []}
 
 
+def test_digest_pinned_names_act_only_on_that_manifest(http, ollama_dir):
+    raw = ollama_dir.gguf_model("pin:latest")
+    good = f"pin@sha256:{hashlib.sha256(raw).hexdigest()}"
+    stale = f"pin@sha256:{'0' * 64}"
+    assert http.post("/api/show", json={"model": good}).status_code == 200
+    response = http.post("/api/show", json={"model": stale})
+    assert response.status_code == 404 and "pin:latest is sha256:" in response.json()["error"]
+    assert http.request("DELETE", "/api/delete", json={"model": stale}).status_code == 404
+    copy_to_digest = http.post("/api/copy", json={"source": "pin", "destination": stale})
+    assert copy_to_digest.status_code == 400
+    assert http.post("/api/copy", json={"source": good, "destination": "b"}).status_code == 200
+    assert http.request("DELETE", "/api/delete", json={"model": good}).status_code == 200
+    assert [m["name"] for m in http.get("/api/tags").json()["models"]] == ["b:latest"]
+
+
 def test_go_json_fixture_matches_what_the_api_hashes(ollama_dir, http):
     raw = ollama_dir.gguf_model("hash:latest")
     assert raw.endswith(b"\n") and raw == go_json(json.loads(raw))
