@@ -98,3 +98,17 @@ def test_modelfile_parser_handles_quotes_comments_and_case():
                 "FROM a\nPARAMETER num_ctx lots\n"):
         with pytest.raises(CreateError):
             parse_modelfile(bad).typed_parameters()
+
+
+def test_ferry_create_from_a_gguf_keeps_its_digest(cli_env, store, tmp_path):
+    from registry.digests import sha256_file
+
+    from .gguf_files import write_gguf
+
+    path = write_gguf(tmp_path / "weights.gguf")
+    (tmp_path / "Modelfile").write_text("FROM ./weights.gguf\nSYSTEM hello\n")
+    assert main(["create", "me/g", "-f", str(tmp_path / "Modelfile")]) == 0
+    manifest, config = read_model(store, "me/g")
+    assert manifest["layers"][0]["digest"] == str(sha256_file(str(path))[0])
+    assert config.model_format == "gguf"
+    assert main(["create", "me/g2", "-f", str(tmp_path / "Modelfile"), "-q", "int4"]) == 1
