@@ -254,6 +254,8 @@ class Scheduler:
                 if self._runners.get(_key(runner.name)) is runner:
                     await self._stop(runner)
             raise
+        async with self._cond:
+            self._cond.notify_all()  # a load waiting for an idle runner may evict this one now
 
     # -- release, expiry, stop -----------------------------------------------------------------
 
