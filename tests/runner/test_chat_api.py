@@ -11,6 +11,7 @@ import time
 import httpx
 import ollama
 import openai
+import psutil
 import pytest
 from served_model import serve_tiny_model
 
@@ -111,6 +112,19 @@ def test_json_format_failure_or_success_is_valid(client, served):
         assert exc.status_code == 500 and "valid JSON" in str(exc)
     else:
         assert isinstance(json.loads(answer.response), dict | list)
+
+
+def test_a_runner_killed_mid_answer_fails_that_request_and_the_next_reloads(client, served):
+    stream = client.generate(model=served.model, prompt="tell me a long story", stream=True,
+                             options={"num_predict": 4000})
+    next(stream)
+    (runner,) = psutil.Process().children()
+    runner.kill()
+    with pytest.raises(ollama.ResponseError, match="terminated"):
+        for _ in stream:
+            pass
+    again = client.generate(model=served.model, prompt="hello there")
+    assert again.done and psutil.Process().children()[0].pid != runner.pid
 
 
 def test_keep_alive_zero_unloads_after_the_request(client, served):
