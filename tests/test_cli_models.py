@@ -46,6 +46,16 @@ def test_list_prints_a_model_placed_in_the_store(cli, models):
     assert header.index("ID") == row.index(model_id)  # columns line up
 
 
+def test_the_ferry_command_lists_a_model_from_a_separate_process(model_server, models,
+                                                                tmp_path):
+    models.gguf_model("proc:latest")
+    env = {**os.environ, "FERRY_HOST": model_server, "FERRY_HOME": str(tmp_path / "other")}
+    result = subprocess.run([sys.executable, "-m", "ferry.cli", "list"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1].split()[0] == "proc:latest"
+
+
 def test_list_of_an_empty_store_prints_only_the_header(cli):
     rc, out, _ = cli("list")
     assert (rc, out.split()) == (0, ["NAME", "ID", "SIZE", "MODIFIED"])
