@@ -18,12 +18,13 @@ _HIDDEN_KV = ("general.name", "tokenizer.chat_template")
 
 
 def human_number(count: int) -> str:
-    """Ollama's format.HumanNumber: 8030261248 -> "8.0B", 7000000000 -> "7B", 950 -> "950"."""
-    for scale, suffix in ((1_000_000_000, "B"), (1_000_000, "M"), (1_000, "K")):
+    """Ollama's format.HumanNumber: 8030261248 -> "8.0B", 494032768 -> "494.03M", 1500 -> "2K"."""
+    for scale, suffix, decimals in ((1_000_000_000, "B", 1), (1_000_000, "M", 2)):
         if count >= scale:
             number = count / scale
-            return f"{number:.0f}{suffix}" if number.is_integer() else f"{number:.1f}{suffix}"
-    return str(count)
+            shown = f"{number:.0f}" if number.is_integer() else f"{number:.{decimals}f}"
+            return shown + suffix
+    return f"{count / 1000:.0f}K" if count >= 1000 else str(count)
 
 
 class GGUFKV:

@@ -82,7 +82,7 @@ def test_show_verbose_prints_metadata_and_tensors(cli, models):
     models.tensor_model("tiny:int4", namespace="me")
     rc, out, _ = cli("show", "me/tiny:int4", "--verbose")
     assert rc == 0
-    assert out.startswith("\n  Model\n    architecture       llama\n    parameters         3.1K\n")
+    assert out.startswith("\n  Model\n    architecture       llama\n    parameters         3K\n")
     assert "    requires           0.19.0\n" in out
     assert "  Metadata\n" in out and "llama.block_count" in out
     assert "  Tensors\n" in out

@@ -90,8 +90,9 @@ def test_modelfile_orders_commands_like_ollama():
 
 
 @pytest.mark.parametrize("count, text", [
-    (950, "950"), (1_000, "1K"), (1_500, "1.5K"), (7_000_000_000, "7B"),
-    (8_030_261_248, "8.0B"), (751_632_384, "751.6M"),
+    (950, "950"), (1_000, "1K"), (1_500, "2K"), (3_072, "3K"), (7_000_000_000, "7B"),
+    (8_030_261_248, "8.0B"), (2_850_000_000, "2.9B"), (751_632_384, "751.63M"),
+    (500_500_000, "500.50M"), (125_000_000, "125M"),
 ])
 def test_human_number_matches_ollama(count, text):
     assert human_number(count) == text

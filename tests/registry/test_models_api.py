@@ -75,7 +75,7 @@ def test_tags_fills_details_from_the_gguf_metadata_file(http, ollama_dir):
     (model,) = http.get("/api/tags").json()["models"]
     assert model["details"] == {
         "parent_model": "", "format": "gguf", "family": "qwen3", "families": None,
-        "parameter_size": "751.6M", "quantization_level": "Q4_K_M",
+        "parameter_size": "751.63M", "quantization_level": "Q4_K_M",
         "context_length": 40960, "embedding_length": 1024,
     }
 
@@ -151,7 +151,7 @@ def test_show_tensor_model_reads_config_json_and_safetensors_headers(http, ollam
         "llama.attention.head_count": 2, "llama.vocab_size": 64,
     }
     assert body["details"]["family"] == "llama"
-    assert body["details"]["parameter_size"] == "3.1K"
+    assert body["details"]["parameter_size"] == "3K"
     assert body["details"]["quantization_level"] == "int4"
     assert body["capabilities"] == ["completion", "thinking"]
     assert (body["requires"], body["renderer"], body["parser"]) == ("0.19.0", "qwen3-coder",
