@@ -1,0 +1,189 @@
+"""The decode loop: prompt -> prefill in 2048-token chunks -> pipelined decode -> text pieces.
+
+No HTTP here. `Generator.generate` yields text pieces (already cut at stop strings, never a
+split UTF-8 character) and ends with one `Done` carrying Ollama's counters. Decode is pipelined
+as in mlx-lm: the graph for token n+1 is built and handed to `mx.async_eval` before token n is
+read back, so Python overhead overlaps with compute.
+
+Memory rule (DESIGN.md, reference 3.3): MLX's buffer pool is released after every prefill
+chunk, whenever the generated count crosses a multiple of 256 (a round that emits several tokens
+and steps over a boundary counts once), and at the end of every request. The release function is
+injected so that tests can record the calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from runner.kv_cache import KVCache, make_cache
+from runner.sample import Options, Sampler
+from runner.tokenizer import ModelTokenizer
+
+PREFILL_CHUNK = 2048
+RELEASE_EVERY = 256
+DEFAULT_NUM_CTX = 4096
+
+
+class ContextError(ValueError):
+    """The prompt does not fit the context and the request asked not to truncate it."""
+
+
+@dataclass(frozen=True)
+class Done:
+    reason: str  # "stop" (EOS or stop string) or "length" (num_predict or context full)
+    prompt_eval_count: int
+    prompt_eval_duration: int  # ns
+    eval_count: int
+    eval_duration: int  # ns
+
+
+class ReleasePolicy:
+    """Calls `release` when the generated count crosses a multiple of `every`."""
+
+    def __init__(self, release: Callable[[], None], every: int = RELEASE_EVERY) -> None:
+        self.release = release
+        self.every = every
+        self.count = 0
+
+    def generated(self, n: int = 1) -> None:
+        before, self.count = self.count, self.count + n
+        if before // self.every != self.count // self.every:
+            self.release()
+
+
+class StopFilter:
+    """Holds back text that could be the start of a stop string; cuts at the first match."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string was found)."""
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)], ""
+            return out, True
+        keep = max((_overlap(self.pending, s) for s in self.stops), default=0)
+        cut = len(self.pending) - keep
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `stop`."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+def fit_prompt(tokens: list[int], num_ctx: int, truncate: bool) -> list[int]:
+    """The prompt as it will run: at most num_ctx - 1 tokens, leaving room for one more."""
+    if not tokens:
+        raise ContextError("the prompt is empty")
+    limit = max(num_ctx - 1, 1)
+    if len(tokens) <= limit:
+        return tokens
+    if not truncate:
+        raise ContextError(f"the prompt is {len(tokens)} tokens, more than the context "
+                           f"length {num_ctx} allows (at most {limit}); set truncate to keep "
+                           "its tail")
+    return tokens[-limit:]
+
+
+class Generator:
+    """Generation for one loaded model; one request at a time (the server serializes)."""
+
+    def __init__(self, model: nn.Module, tokenizer: ModelTokenizer, context_length: int,
+                 release: Callable[[], None] = mx.clear_cache) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.release = release
+
+    def num_ctx(self, options: Options) -> int:
+        if options.num_ctx is not None and options.num_ctx > 0:
+            return min(options.num_ctx, self.context_length)
+        return min(self.context_length, DEFAULT_NUM_CTX)
+
+    def generate(self, prompt: list[int], options: Options,
+                 cancelled: Callable[[], bool] = lambda: False,
+                 truncate: bool = True) -> Iterator[str | Done]:
+        num_ctx = self.num_ctx(options)
+        prompt = fit_prompt(prompt, num_ctx, truncate)
+        budget = num_ctx - len(prompt)
+        if options.num_predict >= 0:
+            budget = min(budget, options.num_predict)
+        try:
+            yield from self._run(prompt, options, budget, cancelled)
+        finally:
+            self.release()
+
+    def _prefill(self, tokens: list[int], cache: list[KVCache]) -> None:
+        for start in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = mx.array(tokens[start:start + PREFILL_CHUNK])[None]
+            self.model(chunk, cache)  # logits unused: only the cache is evaluated
+            mx.eval([c.state for c in cache])
+            self.release()
+
+    def _run(self, prompt: list[int], options: Options, budget: int,
+             cancelled: Callable[[], bool]) -> Iterator[str | Done]:
+        started = time.perf_counter_ns()
+        cache = make_cache(len(self.model.layers))
+        sampler = Sampler(options)
+        window = options.repeat_last_n if options.repeat_last_n > 0 else len(prompt) + budget
+        history = mx.array(prompt[-window:], dtype=mx.uint32) if sampler.uses_history else None
+
+        def step(tokens: mx.array) -> mx.array:
+            nonlocal history
+            logits = self.model(tokens[None], cache)[0, -1]
+            token = sampler(logits, history).astype(mx.uint32)
+            if history is not None:
+                history = mx.concatenate([history, token[None]])[-window:]
+            return token
+
+        self._prefill(prompt[:-1], cache)
+        detok, stops = self.tokenizer.detokenizer(), StopFilter(options.stop)
+        policy = ReleasePolicy(self.release)
+        reason, count, first_at = "length", 0, 0
+        y = step(mx.array(prompt[-1:], dtype=mx.uint32)) if budget > 0 else None
+        if y is not None:
+            mx.async_eval(y)
+        while y is not None and not cancelled():
+            following = step(y[None]) if count + 1 < budget else None
+            if following is not None:
+                mx.async_eval(following)
+            token = int(y.item())
+            first_at = first_at or time.perf_counter_ns()
+            if token in self.tokenizer.eos_ids:
+                reason = "stop"
+                break
+            count += 1
+            policy.generated(1)
+            text, stopped = stops.feed(detok.add(token))
+            if text:
+                yield text
+            if stopped:
+                reason = "stop_string"
+                break
+            y = following
+        if reason != "stop_string":
+            tail, stopped = stops.feed(detok.flush())
+            tail += "" if stopped else stops.flush()
+            if tail:
+                yield tail
+        ended = time.perf_counter_ns()
+        first_at = first_at or ended
+        yield Done("stop" if reason == "stop_string" else reason, len(prompt),
+                   first_at - started, count, ended - first_at)
