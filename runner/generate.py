@@ -130,8 +130,11 @@ class Generator:
         finally:
             self.release()
 
-    def _prefill(self, tokens: list[int], cache: list[KVCache]) -> None:
+    def _prefill(self, tokens: list[int], cache: list[KVCache],
+                 cancelled: Callable[[], bool]) -> None:
         for start in range(0, len(tokens), PREFILL_CHUNK):
+            if cancelled():
+                return
             chunk = mx.array(tokens[start:start + PREFILL_CHUNK])[None]
             self.model(chunk, cache)  # logits unused: only the cache is evaluated
             mx.eval([c.state for c in cache])
@@ -153,7 +156,7 @@ class Generator:
                 history = mx.concatenate([history, token[None]])[-window:]
             return token
 
-        self._prefill(prompt[:-1], cache)
+        self._prefill(prompt[:-1], cache, cancelled)
         detok, stops = self.tokenizer.detokenizer(), StopFilter(options.stop)
         policy = ReleasePolicy(self.release)
         reason, count, first_at = "length", 0, 0

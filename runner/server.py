@@ -1,5 +1,224 @@
-"""The runner process's HTTP API.
+"""The runner process's HTTP API (docs/runner-protocol.md); the scheduler is its only client.
 
-The wire contract is docs/runner-protocol.md (GET /v1/status, POST /v1/completions NDJSON,
-POST /v1/tokenize): build this module to exactly that document; the scheduler is its only client.
+    GET  /v1/status       {"status": "loading"|"ready", "progress", "context_length", "memory",
+                           "compute", "model", "blas"}
+    POST /v1/completions  NDJSON: {"content", "done": false}... then the final counters
+    POST /v1/tokenize     {"content"} -> {"tokens"}
+
+The HTTP server is up before the model is loaded (status "loading"). All MLX work (the load
+and every generation) runs on one worker thread, in order, so requests are served one at a
+time and MLX never sees two threads. A client that disconnects sets the request's cancel flag,
+which the decode loop checks before every token.
 """
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import queue
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import psutil
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from registry.store import Store
+from runner.generate import ContextError, Done, Generator, fit_prompt
+from runner.go_template import TemplateError
+from runner.load import LoadedModel, load_model
+from runner.sample import Options, OptionsError
+from runner.tokenizer import ModelTokenizer, PromptError
+
+log = logging.getLogger("ferry.runner")
+_END = object()
+
+
+class Worker:
+    """One daemon thread running submitted jobs in order (daemon: SIGTERM never waits on it)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[Callable[[], None]] = queue.Queue()
+        threading.Thread(target=self._loop, name="mlx-worker", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            self._jobs.get()()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+
+@dataclass
+class RunnerState:
+    name: str
+    compute_setting: str
+    release: Callable[[], None]
+    status: str = "loading"
+    progress: float = 0.0
+    error: str | None = None
+    loaded: LoadedModel | None = None
+    tokenizer: ModelTokenizer | None = None
+    generator: Generator | None = None
+    worker: Worker = field(default_factory=Worker)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def blas_library() -> str:
+    """"openblas" when an optimized BLAS is mapped into this process, else "reference"."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "unknown"
+    return "openblas" if "libopenblas" in maps else "reference"
+
+
+def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) -> None:
+    def progress(fraction: float) -> None:
+        state.progress = fraction
+
+    try:
+        loaded = load_model(store, state.name, state.compute_setting, progress, state.release)
+        tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config, loaded.files.template)
+    except Exception as exc:  # any load failure ends the process with its reason
+        state.error = f"error loading model {state.name}: {exc}"
+        on_fail(state.error)
+        return
+    state.loaded, state.tokenizer = loaded, tokenizer
+    state.generator = Generator(loaded.model, tokenizer, loaded.context_length, state.release)
+    state.status, state.progress = "ready", 1.0
+    print(f"loaded {state.name} in {loaded.load_seconds:.1f}s: compute {loaded.compute}, "
+          f"weights {loaded.weights_bytes} bytes, blas {blas_library()}", file=sys.stderr,
+          flush=True)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def prompt_text(tokenizer: ModelTokenizer, body: dict[str, Any]) -> str:
+    """The rendered prompt a completion request asks for (messages, or prompt/system/raw)."""
+    if isinstance(body.get("messages"), list):
+        return tokenizer.render(body["messages"], tools=body.get("tools") or None)
+    if isinstance(body.get("prompt"), str):
+        if body.get("raw"):
+            return body["prompt"]
+        messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
+        messages.append({"role": "user", "content": body["prompt"]})
+        return tokenizer.render(messages)
+    raise PromptError("the request needs messages or a prompt")
+
+
+def build_app(store: Store, name: str, compute: str = "auto",
+              release: Callable[[], None] = mx.clear_cache,
+              on_fail: Callable[[str], None] | None = None) -> Starlette:
+    state = RunnerState(name, compute, release)
+
+    def failed(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+        if on_fail is not None:
+            on_fail(message)
+
+    async def status(request: Request) -> Response:
+        if state.error:
+            return _error(500, state.error)
+        loaded = state.loaded
+        return JSONResponse({
+            "status": state.status, "progress": state.progress, "model": name,
+            "context_length": loaded.context_length if loaded else 0,
+            "memory": {"rss": psutil.Process().memory_info().rss,
+                       "weights": loaded.weights_bytes if loaded else 0},
+            "compute": loaded.compute if loaded else compute, "blas": blas_library()})
+
+    async def tokenize(request: Request) -> Response:
+        if state.tokenizer is None:
+            return _error(503, f"model {name} is still loading")
+        body = await _json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("content"), str):
+            return _error(400, "tokenize needs {\"content\": string}")
+        return JSONResponse({"tokens": state.tokenizer.encode(body["content"])})
+
+    async def completions(request: Request) -> Response:
+        if state.generator is None or state.tokenizer is None or state.loaded is None:
+            return _error(503, f"model {name} is still loading")
+        body = await _json(request)
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        try:
+            options = Options.from_dict({**state.loaded.files.params,
+                                         **(body.get("options") or {})})
+            tokens = state.tokenizer.encode(prompt_text(state.tokenizer, body))
+            truncate = bool(body.get("truncate", True))
+            fit_prompt(tokens, state.generator.num_ctx(options), truncate)
+        except (OptionsError, PromptError, TemplateError, ContextError, TypeError) as exc:
+            return _error(400, str(exc))
+        job = _stream(state, tokens, options, truncate)
+        return StreamingResponse(job, media_type="application/x-ndjson")
+
+    routes = [Route("/v1/status", status, methods=["GET"]),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/completion", completions, methods=["POST"]),
+              Route("/v1/tokenize", tokenize, methods=["POST"])]
+    app = Starlette(routes=routes)
+    state.worker.submit(lambda: load_into(state, store, failed))
+    app.state.runner = state
+    return app
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError:
+        return None
+
+
+async def _stream(state: RunnerState, tokens: list[int], options: Options,
+                  truncate: bool) -> AsyncIterator[bytes]:
+    """Run one generation on the worker; relay its pieces as NDJSON lines."""
+    assert state.generator is not None
+    generator = state.generator
+    async with state.lock:
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue[Any] = asyncio.Queue()
+        cancel = threading.Event()
+
+        def put(item: Any) -> None:
+            loop.call_soon_threadsafe(pieces.put_nowait, item)
+
+        def job() -> None:
+            try:
+                for item in generator.generate(tokens, options, cancel.is_set, truncate):
+                    put(item)
+            except Exception as exc:  # reported to the client as the final line
+                log.exception("generation failed")
+                put(exc)
+            finally:
+                put(_END)
+
+        state.worker.submit(job)
+        try:
+            while (item := await pieces.get()) is not _END:
+                yield _line(item)
+        finally:
+            cancel.set()  # the client went away or we are done: stop generating now
+
+
+def _line(item: Any) -> bytes:
+    if isinstance(item, Exception):
+        message: dict[str, Any] = {"error": f"generation failed: {item}"}
+    elif isinstance(item, Done):
+        message = {"content": "", "done": True, "done_reason": item.reason,
+                   "prompt_eval_count": item.prompt_eval_count,
+                   "prompt_eval_duration": item.prompt_eval_duration,
+                   "eval_count": item.eval_count, "eval_duration": item.eval_duration}
+    else:
+        message = {"content": item, "done": False}
+    return (json.dumps(message) + "\n").encode()
