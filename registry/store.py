@@ -168,12 +168,16 @@ class Store:
                     expected_size: int | None = None) -> BlobWriter:
         return BlobWriter(self, expected, expected_size)
 
-    def publish_blob(self, tmp_path: Path, digest: Digest) -> Path:
-        """Give a verified, fsynced temp file its final name (a same-content blob may exist)."""
+    def publish_blob(self, tmp_path: Path, digest: Digest, sync_dir: bool = True) -> Path:
+        """Give a verified, fsynced temp file its final name (a same-content blob may exist).
+
+        `sync_dir=False` lets a caller publishing many blobs fsync `blobs/` once at the end.
+        """
         final = self.blob_path(digest)
         os.chmod(tmp_path, 0o644)
         os.replace(tmp_path, final)
-        fsync_dir(self.blobs_dir)
+        if sync_dir:
+            fsync_dir(self.blobs_dir)
         now = time.time()
         os.utime(final, (now, now))
         return final

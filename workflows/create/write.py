@@ -27,6 +27,7 @@ import json
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,13 +37,13 @@ from registry.digests import Digest
 from registry.manifests import Descriptor
 from registry.store import Store
 from runner.quant import QuantType, load_mlx, quantize
+from workflows.create.blob_batch import BlobBatch
 from workflows.create.errors import CreateCancelled
 from workflows.create.inventory import TensorInfo
 from workflows.create.plan import BlobPlan, ModelPlan, TensorPlan
 
 CHUNK_BYTES = 4 * 1024 * 1024
 _MLX_LOCK = threading.Lock()
-_NUMPY_STORAGE = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -77,29 +78,35 @@ def write_plan(plan: ModelPlan, store: Store, progress: Progress,
     """Write every tensor blob of `plan`; returns their layers in plan order."""
     layers = []
     total, done = plan.total_bytes, 0
-    for blob in plan.blobs:
-        check_cancel(cancel)
-        layers.append(write_tensor_blob(blob, store, cancel))
-        done += sum(t.source_bytes for t in blob.tensors)
-        verb = "quantizing" if any(t.quant for t in blob.tensors) else "copying"
-        progress({"status": f"{verb} {blob.name}", "total": total, "completed": done})
+    sources = LazySources()
+    with BlobBatch(store) as batch:
+        for blob in plan.blobs:
+            check_cancel(cancel)
+            layers.append(write_tensor_blob(blob, batch, sources, cancel))
+            done += sum(t.source_bytes for t in blob.tensors)
+            verb = "quantizing" if any(t.quant for t in blob.tensors) else "copying"
+            progress({"status": f"{verb} {blob.name}", "total": total, "completed": done})
     return layers
 
 
-def write_tensor_blob(blob: BlobPlan, store: Store, cancel: CancelSignal) -> Descriptor:
+def write_tensor_blob(blob: BlobPlan, batch: BlobBatch, sources: LazySources,
+                      cancel: CancelSignal) -> Descriptor:
     parts: list[Part] = []
     for tensor in blob.tensors:
-        parts.extend(_quantized_parts(tensor) if tensor.quant else [_plain_part(tensor)])
+        parts.extend(_quantized_parts(tensor, sources) if tensor.quant
+                     else [_plain_part(tensor)])
     header = safetensors_header([(k, d, s, _size(data)) for k, d, s, data in parts],
                                 _metadata(blob.tensors))
-    with store.blob_writer() as writer:
-        writer.write(header)
+
+    def chunks() -> Iterator[bytes | memoryview]:
+        yield header
         for _key, _dtype, _shape, data in parts:
             for chunk in data if isinstance(data, Chunks) else (data,):
                 check_cancel(cancel)
-                writer.write(chunk)
-        digest = writer.commit()
-    return Descriptor(mt.TENSOR, digest, store.blob_size(digest), name=blob.name)
+                yield chunk
+
+    digest, size = batch.write(chunks())
+    return Descriptor(mt.TENSOR, digest, size, name=blob.name)
 
 
 def _metadata(tensors: tuple[TensorPlan, ...]) -> dict[str, str] | None:
@@ -143,22 +150,30 @@ def _plain_part(tensor: TensorPlan) -> Part:
     return (tensor.name, tensor.dtype, tensor.shape, Chunks(tensor.sources))
 
 
-def load_tensor(tensor: TensorPlan) -> Any:
+class LazySources:
+    """`mx.load` of each shard once, lazily: a tensor's bytes are read only when it is used,
+    and popped afterwards, so nothing is held beyond the tensor in hand."""
+
+    def __init__(self) -> None:
+        self._files: dict[Path, dict[str, Any]] = {}
+
+    def take(self, info: TensorInfo) -> Any:
+        if info.file not in self._files:
+            self._files[info.file] = load_mlx().load(str(info.file))
+        return self._files[info.file].pop(info.name)
+
+
+def load_tensor(tensor: TensorPlan, sources: LazySources) -> Any:
     """The tensor as an MLX array in its source dtype (stacked along a new first axis)."""
-    mx = load_mlx()
-    storage = _NUMPY_STORAGE[tensor.dtype]
-    arrays = [np.fromfile(s.file, dtype=storage, count=s.elements, offset=s.start)
-              .reshape(s.shape) for s in tensor.sources]
-    host = arrays[0] if len(arrays) == 1 else np.stack(arrays)
-    weight = mx.array(host)
-    return weight.view(mx.bfloat16) if tensor.dtype == "BF16" else weight
+    arrays = [sources.take(s) for s in tensor.sources]
+    return arrays[0] if len(arrays) == 1 else load_mlx().stack(arrays)
 
 
-def _quantized_parts(tensor: TensorPlan) -> list[Part]:
+def _quantized_parts(tensor: TensorPlan, sources: LazySources) -> list[Part]:
     """Quantize one tensor and copy its parts to host memory; MLX's buffers are released."""
     qtype: QuantType = tensor.quant  # type: ignore[assignment]
     with _MLX_LOCK:  # one MLX job at a time, however many creates run
-        quantized = quantize(load_tensor(tensor), qtype)
+        quantized = quantize(load_tensor(tensor, sources), qtype)
         keys = {"weight": tensor.name, "scale": f"{tensor.name}.scale",
                 "bias": f"{tensor.name}.bias"}
         parts = [_array_part(keys[part], quantized[part])
