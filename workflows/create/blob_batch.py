@@ -1,10 +1,12 @@
-"""Many tensor blobs, written durably without paying one fsync per blob in the critical path.
+"""Many tensor blobs, written durably without paying for hashing, writing and one fsync per
+blob in the critical path.
 
-Each blob is hashed while it is written to a temp file in `blobs/`; its fsync runs on a
-background thread while the next tensor is quantized; when the batch closes, every blob whose
-fsync succeeded is renamed to its digest name and `blobs/` is fsynced once. So a digest-named
-file is always complete and durable (a crash leaves only temp files, which prune sweeps), and
-blobs written before a cancel or an error still become blobs, for a retry to reuse.
+A background thread hashes each blob while writing it to a temp file in `blobs/`, then fsyncs
+it, while the caller quantizes the next tensor (at most MAX_IN_FLIGHT blobs wait, so memory
+stays bounded by a few tensors). When the batch closes, every blob that reached the disk is
+renamed to its digest name and `blobs/` is fsynced once. So a digest-named file is always
+complete and durable (a crash leaves only temp files, which prune sweeps), and blobs written
+before a cancel or an error still become blobs, for a retry to reuse.
 """
 
 from __future__ import annotations
@@ -12,31 +14,33 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from registry.digests import Digest, Hasher
 from registry.store import TMP_PREFIX, Store, fsync_dir
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+MAX_IN_FLIGHT = 4
 
 
 class BlobBatch:
-    """Use as a context manager; `write()` returns the digest and size of each blob."""
+    """Use as a context manager; `submit()` returns a future of each blob's (digest, size)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-fsync")
-        self._pending: list[tuple[Future[None], Path, Digest]] = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-blobs")
+        self._futures: list[Future[tuple[Path, Digest, int]]] = []
         store.blobs_dir.mkdir(parents=True, exist_ok=True)
 
-    def write(self, chunks: Iterable[bytes | memoryview]) -> tuple[Digest, int]:
+    def submit(self, chunks: Iterable[bytes | memoryview]) -> Future[tuple[Path, Digest, int]]:
+        """Queue one blob; blocks while MAX_IN_FLIGHT earlier ones are still being written."""
+        while sum(not f.done() for f in self._futures) >= MAX_IN_FLIGHT:
+            wait([f for f in self._futures if not f.done()], return_when=FIRST_COMPLETED)
+        future = self._pool.submit(self._write, chunks)
+        self._futures.append(future)
+        return future
+
+    def _write(self, chunks: Iterable[bytes | memoryview]) -> tuple[Path, Digest, int]:
         tmp = self.store.blobs_dir / f"{TMP_PREFIX}{secrets.token_hex(8)}"
         hasher = Hasher()
         try:
@@ -44,29 +48,25 @@ class BlobBatch:
                 for chunk in chunks:
                     hasher.update(chunk)
                     fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        digest = hasher.digest()
-        self._pending.append((self._pool.submit(_fsync, tmp), tmp, digest))
-        return digest, hasher.size
+        return tmp, hasher.digest(), hasher.size
 
     def close(self) -> None:
-        """Publish every blob that reached the disk; drop the rest."""
-        try:
-            for future, tmp, digest in self._pending:
-                try:
-                    future.result()
-                except OSError:
-                    tmp.unlink(missing_ok=True)
-                    continue
+        """Publish every blob that reached the disk; the temp files of the rest are gone."""
+        self._pool.shutdown(wait=True)
+        published = False
+        for future in self._futures:
+            if future.exception() is None:
+                tmp, digest, _ = future.result()
                 self.store.publish_blob(tmp, digest, sync_dir=False)
+                published = True
+        if published:
             fsync_dir(self.store.blobs_dir)
-        finally:
-            for _, tmp, _ in self._pending:
-                tmp.unlink(missing_ok=True)  # only ever a temp name: published ones are gone
-            self._pending.clear()
-            self._pool.shutdown(wait=True)
+        self._futures.clear()
 
     def __enter__(self) -> BlobBatch:
         return self

@@ -76,21 +76,23 @@ def safetensors_header(parts: list[tuple[str, str, tuple[int, ...], int]],
 def write_plan(plan: ModelPlan, store: Store, progress: Progress,
                cancel: CancelSignal) -> list[Descriptor]:
     """Write every tensor blob of `plan`; returns their layers in plan order."""
-    layers = []
+    pending = []
     total, done = plan.total_bytes, 0
     sources = LazySources()
     with BlobBatch(store) as batch:
         for blob in plan.blobs:
             check_cancel(cancel)
-            layers.append(write_tensor_blob(blob, batch, sources, cancel))
+            pending.append((blob.name, batch.submit(tensor_blob_chunks(blob, sources))))
             done += sum(t.source_bytes for t in blob.tensors)
             verb = "quantizing" if any(t.quant for t in blob.tensors) else "copying"
             progress({"status": f"{verb} {blob.name}", "total": total, "completed": done})
-    return layers
+        layers = [(name, future.result()) for name, future in pending]
+    return [Descriptor(mt.TENSOR, digest, size, name=name)
+            for name, (_, digest, size) in layers]
 
 
-def write_tensor_blob(blob: BlobPlan, batch: BlobBatch, sources: LazySources,
-                      cancel: CancelSignal) -> Descriptor:
+def tensor_blob_chunks(blob: BlobPlan, sources: LazySources) -> Iterator[bytes | memoryview]:
+    """Quantize the blob's tensors now; return its bytes as chunks (plain ones read lazily)."""
     parts: list[Part] = []
     for tensor in blob.tensors:
         parts.extend(_quantized_parts(tensor, sources) if tensor.quant
@@ -101,12 +103,9 @@ def write_tensor_blob(blob: BlobPlan, batch: BlobBatch, sources: LazySources,
     def chunks() -> Iterator[bytes | memoryview]:
         yield header
         for _key, _dtype, _shape, data in parts:
-            for chunk in data if isinstance(data, Chunks) else (data,):
-                check_cancel(cancel)
-                yield chunk
+            yield from data if isinstance(data, Chunks) else (data,)
 
-    digest, size = batch.write(chunks())
-    return Descriptor(mt.TENSOR, digest, size, name=blob.name)
+    return chunks()
 
 
 def _metadata(tensors: tuple[TensorPlan, ...]) -> dict[str, str] | None:
