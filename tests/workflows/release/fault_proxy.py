@@ -4,7 +4,8 @@ Every request is logged in arrival order; requests that `match` are counted, and
 `every`-th one fails: "500" answers an S3-style InternalError without forwarding, "drop"
 forwards the request (so the server acts on it) and then closes the connection without an
 answer, the nastiest case for a client. `always` names requests that fail every time, and
-`delay` slows matching requests down so a test can kill a client mid-way.
+`delay` slows matching requests down so a test can kill a client mid-way, and `gate` holds them
+until the test lets them through.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class FaultProxy:
     action: str = "500"
     always: Match = lambda method, path: False
     delay: float = 0.0
+    gate: threading.Event | None = None  # matching requests wait for it before going on
     log: list[Logged] = field(default_factory=list)
     max_in_flight: int = 0
     _matched: int = 0
@@ -110,7 +112,9 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         def _handle(self) -> None:
             body = _read_body(self)
             seq, fault = proxy._begin(self.command, self.path)
-            if proxy.delay and proxy.match(self.command, self.path):
+            if proxy.match(self.command, self.path):
+                if proxy.gate is not None:
+                    proxy.gate.wait(timeout=60)
                 time.sleep(proxy.delay)
             if fault == "500":
                 proxy._end(seq, "injected 500")

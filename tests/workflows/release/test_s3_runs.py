@@ -6,7 +6,6 @@ down so that the runs overlap and the kill lands mid-way.
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import threading
@@ -45,30 +44,67 @@ def _args(bucket: str, dist, *extra: str) -> list[str]:
             "--retry-delays", "0.01,0.02", *extra]
 
 
+def _wait_for(proxy: FaultProxy, proc: subprocess.Popen, method: str, path: str,
+              outcome: str = "") -> None:
+    """Wait until the proxy has seen a matching request (e.g. a refused lease write)."""
+    deadline = time.monotonic() + 60
+    while not any(e.outcome.startswith(outcome) for e in proxy.entries(method, path)):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def test_two_runs_for_one_version_never_interleave(s3_server, tmp_path):
     bucket = new_bucket(s3_server)
-    runs = {label: payloads(label, 3, size=2048) for label in ("alpha", "beta")}
-    proxy = _slow_puts(s3_server, 0.15)
+    runs = {label: payloads(label, 4, size=2048) for label in ("alpha", "beta")}
+    proxy = _slow_puts(s3_server, 0.05)
+    proxy.gate = threading.Event()  # alpha's uploads wait here until beta is waiting
+    procs: dict[str, subprocess.Popen] = {}
     with running(proxy) as url:
-        procs = {label: subprocess.Popen(
-            cli_command(*_args(bucket, make_dist(tmp_path / label, files), "--parallel", "2",
-                               "--lease-ttl", "10", "--lease-wait", "60")),
-            env=cli_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for label, files in runs.items()}
+        for label, files in runs.items():
+            procs[label] = subprocess.Popen(
+                cli_command(*_args(bucket, make_dist(tmp_path / label, files), "--parallel",
+                                   "2", "--lease-ttl", "10", "--lease-wait", "60")),
+                env=cli_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if label == "alpha":  # alpha holds the lease and is uploading (held at the gate)
+                _wait_for(proxy, procs[label], "PUT", "/rel/v2.0.0/alpha")
+            else:  # beta tried to take the lease and was refused
+                _wait_for(proxy, procs[label], "PUT", "/rel/v2.0.0.lock", "forwarded 412")
+        proxy.gate.set()
         outputs = {label: proc.communicate(timeout=120) for label, proc in procs.items()}
     for label, proc in procs.items():
         assert proc.returncode == 0, outputs[label]
-    assert any("waiting: another run holds the release lease" in err
-               for _, err in outputs.values())
+    assert "waiting: another run holds the release lease" in outputs["beta"][1], outputs["beta"][1]
     # the asset uploads form two blocks, one run's then the other's
     order = [e.path.rsplit("/", 1)[1].split("-")[0] for e in proxy.entries("PUT", "/rel/v2.0.0/")
              if not e.path.endswith(checksums.CHECKSUM_FILE)]
-    switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
-    assert switches == 1, order
-    last = order[-1]
+    assert order == ["alpha"] * 4 + ["beta"] * 4, order
     stored = bucket_files(s3_server, bucket, "rel/v2.0.0")
-    assert stored.pop(checksums.CHECKSUM_FILE).decode() == sha256sum_text(runs[last])
-    assert stored == runs[last]
+    assert stored.pop(checksums.CHECKSUM_FILE).decode() == sha256sum_text(runs["beta"])
+    assert stored == runs["beta"]
+
+
+def test_simultaneous_lease_attempts_admit_exactly_one(s3_server):
+    bucket = new_bucket(s3_server)
+    stores = [S3ReleaseStore(bucket, "rel", endpoint_url=s3_server) for _ in range(4)]
+    barrier = threading.Barrier(len(stores))
+    winners: list[str] = []
+
+    def contend(index: int) -> None:
+        barrier.wait()
+        try:
+            stores[index].acquire_lease(REF, f"run{index}", ttl=60)
+            winners.append(f"run{index}")
+        except LeaseHeld:
+            pass
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(winners) == 1
+    for store in stores:
+        store.close()
 
 
 def test_a_run_fails_cleanly_when_told_not_to_wait(s3_server, tmp_path, capsys):
@@ -87,7 +123,7 @@ def test_a_run_fails_cleanly_when_told_not_to_wait(s3_server, tmp_path, capsys):
 
 def test_a_killed_run_leaves_no_checksum_and_the_next_run_completes(s3_server, tmp_path):
     bucket = new_bucket(s3_server)
-    killed_files = payloads("killed", 6, size=1024) | {"stale.bin": b"from the killed run"}
+    killed_files = payloads("killed", 9, size=1024) | {"stale.bin": b"from the killed run"}
     proxy = _slow_puts(s3_server, 0.3)
     with running(proxy) as url:
         proc = subprocess.Popen(
@@ -156,24 +192,24 @@ def _publish_in_thread(store, dist, ttl: float):
 
 def test_the_lease_is_renewed_while_a_run_outlives_its_ttl(s3_server, tmp_path):
     bucket = new_bucket(s3_server)
-    files = payloads("long", 5, size=512)
-    proxy = _slow_puts(s3_server, 0.25)
+    files = payloads("long", 6, size=512)
+    proxy = _slow_puts(s3_server, 0.4)
     with running(proxy) as url:
         store = S3ReleaseStore(bucket, "rel", endpoint_url=url)
-        thread, result = _publish_in_thread(store, make_dist(tmp_path / "d", files), ttl=0.6)
+        thread, result = _publish_in_thread(store, make_dist(tmp_path / "d", files), ttl=1.0)
+        while not proxy.entries("PUT", "/rel/v2.0.0/") and thread.is_alive():
+            time.sleep(0.01)  # the run holds the lease once it uploads
+        started = time.monotonic()
         other = S3ReleaseStore(bucket, "rel", endpoint_url=s3_server)
-        refused = 0
         while thread.is_alive():
-            try:
+            with pytest.raises(LeaseHeld):
                 other.acquire_lease(REF, "intruder", ttl=60).release()
-                pytest.fail("a second run got the lease while the first was running")
-            except LeaseHeld:
-                refused += 1
             time.sleep(0.1)
         thread.join()
+        lasted = time.monotonic() - started
         store.close()
         other.close()
-    assert refused >= 5  # the run lasted well beyond its 0.6 s lease, renewed throughout
+    assert lasted > 2.0  # well beyond the 1 s lease, so it was renewed throughout
     assert result["report"].ok, result  # type: ignore[union-attr]
     stored = bucket_files(s3_server, bucket, "rel/v2.0.0")
     assert set(stored) == {*files, checksums.CHECKSUM_FILE}
