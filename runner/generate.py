@@ -106,11 +106,14 @@ class Generator:
     """Generation for one loaded model; one request at a time (the server serializes)."""
 
     def __init__(self, model: nn.Module, tokenizer: ModelTokenizer, context_length: int,
-                 release: Callable[[], None] = mx.clear_cache) -> None:
+                 release: Callable[[], None] = mx.clear_cache,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.release = release
+        self.prefill_chunk = prefill_chunk
+        self.generated = 0  # tokens emitted by the current (or last) request
 
     def num_ctx(self, options: Options) -> int:
         if options.num_ctx is not None and options.num_ctx > 0:
@@ -132,10 +135,10 @@ class Generator:
 
     def _prefill(self, tokens: list[int], cache: list[KVCache],
                  cancelled: Callable[[], bool]) -> None:
-        for start in range(0, len(tokens), PREFILL_CHUNK):
+        for start in range(0, len(tokens), self.prefill_chunk):
             if cancelled():
                 return
-            chunk = mx.array(tokens[start:start + PREFILL_CHUNK])[None]
+            chunk = mx.array(tokens[start:start + self.prefill_chunk])[None]
             self.model(chunk, cache)  # logits unused: only the cache is evaluated
             mx.eval([c.state for c in cache])
             self.release()
@@ -160,6 +163,7 @@ class Generator:
         detok, stops = self.tokenizer.detokenizer(), StopFilter(options.stop)
         policy = ReleasePolicy(self.release)
         reason, count, first_at = "length", 0, 0
+        self.generated = 0
         y = step(mx.array(prompt[-1:], dtype=mx.uint32)) if budget > 0 else None
         if y is not None:
             mx.async_eval(y)
@@ -173,6 +177,7 @@ class Generator:
                 reason = "stop"
                 break
             count += 1
+            self.generated = count
             policy.generated(1)
             text, stopped = stops.feed(detok.add(token))
             if text:
