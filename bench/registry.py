@@ -2,7 +2,8 @@
 
 Starts both on loopback over fresh temp directories (filesystem storage), drives each with
 `../shared/bench/regbench.py` (same arguments, same seed), and prints every figure side by side
-with the ratio ferry/reference (throughput: higher is better for ferry). Run by hand:
+with the ratio ferry/reference (throughput: higher is better for ferry). Each phase runs against
+the reference, then ferry, before the next phase starts. Run by hand:
 
     .venv/bin/python bench/registry.py                 # the full run (minutes)
     .venv/bin/python bench/registry.py --big-mib 128   # quicker; other regbench flags pass through
@@ -91,42 +92,53 @@ def print_side_by_side(ferry: dict, reference: dict) -> None:
     print("-" * len(header))
     for row in ferry["summary"]:
         ref = ref_rows.get(row["name"], {})
-        unit = "MiB/s" if row["mib_s"] is not None and row["ops"] <= 8 else "ops/s"
+        bulk = row["mib_s"] is not None and not row["name"].startswith("small")
+        unit = "MiB/s" if bulk else "ops/s"
         key = "mib_s" if unit == "MiB/s" else "ops_s"
         mine, theirs = row.get(key), ref.get(key)
         ratio = f"{mine / theirs:6.2f}x" if mine and theirs else "      -"
         print(f"{row['name']:34} {mine or 0:10.1f} {theirs or 0:10.1f} {unit:>6} {ratio}")
 
 
+PHASES = ("big", "pull", "manifest", "small", "head")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      epilog="Unknown flags are passed to regbench.py.")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help="regbench phases, each run against both registries in turn")
     parser.add_argument("--keep", action="store_true", help="keep the temp directories")
     args, extra = parser.parse_known_args(argv)
     if not Path(DOCKER_REGISTRY).exists():
         raise SystemExit(f"{DOCKER_REGISTRY} is missing: apt-get install docker-registry")
     work = Path(tempfile.mkdtemp(prefix="ferry-bench-"))
-    servers = []
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
-        results = {}
         for label, start in (("reference", start_reference), ("ferry", start_ferry)):
             root = work / label / "root"
             root.mkdir(parents=True)
             port = free_port()
             proc = start(root, port)
-            servers.append(proc)
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url, proc)
-            results[label] = run_regbench(url, proc.pid, work / f"{label}.json", extra,
-                                          args.seed)
-            proc.terminate()
-            proc.wait(timeout=30)
+            servers[label] = (proc, f"http://127.0.0.1:{port}")
+            wait_ready(servers[label][1], proc)
+        # Phase by phase, alternating, so a burst of load on this shared machine hits both
+        # registries alike instead of whichever happened to run during it.
+        results: dict[str, dict] = {"reference": {"summary": []}, "ferry": {"summary": []}}
+        for phase in args.phases.split(","):
+            for label, (proc, url) in servers.items():
+                out = work / f"{label}-{phase}.json"
+                got = run_regbench(url, proc.pid, out, ["--phases", phase, *extra], args.seed)
+                results[label]["summary"] += got["summary"]
         print()
         print_side_by_side(results["ferry"], results["reference"])
     finally:
-        for proc in servers:
-            if proc.poll() is None:
+        for proc, _ in servers.values():
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
                 proc.kill()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

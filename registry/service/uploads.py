@@ -97,6 +97,7 @@ class Uploads:
         self, repo: str, upload_id: str, body: AsyncIterable[bytes], chunk: Chunk | None
     ) -> int:
         """Append a PATCH body; the chunk must start at the current offset (else 416 + Range)."""
+        await self._require(repo, upload_id)  # before a lock exists for a made-up id
         async with self._lock(upload_id):
             offset = await self.offset(repo, upload_id)
             if chunk is not None and chunk.start != offset:
@@ -138,6 +139,7 @@ class Uploads:
 
         A mismatch is DIGEST_INVALID and publishes nothing; the session is dropped.
         """
+        await self._require(repo, upload_id)
         async with self._lock(upload_id):
             offset = await self.offset(repo, upload_id)
             if body is not None:
