@@ -202,3 +202,27 @@ async def test_stale_sessions_are_purged(registry_root: Path) -> None:
             assert removed == [old.rsplit("/", 1)[1]]
             assert (await c.get(old)).status_code == 404
             assert (await c.get(fresh)).status_code == 204
+
+
+async def test_ollama_transfer_style_upload(client: httpx.AsyncClient) -> None:
+    """x/transfer: POST ?digest= without a body, PATCH parts with bare Content-Range and
+    X-Redirect-Uploads, then a bodyless PUT ?digest=&etag=."""
+    data = os.urandom(1_500_000)
+    digest = sha(data)
+    r = await client.post("/v2/library/model/blobs/uploads/", params={"digest": digest},
+                          headers={"X-Redirect-Uploads": "2",
+                                   "X-Content-Length": str(len(data))})
+    assert r.status_code == 202
+    location = r.headers.get("Docker-Upload-Location") or r.headers["Location"]
+    parts = [(0, 999_999), (1_000_000, len(data) - 1)]
+    for start, end in parts:
+        r = await client.patch(location, content=data[start:end + 1],
+                               headers={"Content-Range": f"{start}-{end}",
+                                        "X-Redirect-Uploads": "1"})
+        assert r.status_code == 202
+        location = r.headers["Location"]
+    r = await client.put(location, params={"digest": digest, "etag": "abc-2"},
+                         headers={"Content-Length": "0"})
+    assert r.status_code == 201
+    r = await client.post("/v2/library/model/blobs/uploads/", params={"digest": digest})
+    assert r.status_code == 201  # the next push finds it already there

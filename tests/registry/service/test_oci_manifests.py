@@ -239,3 +239,18 @@ async def test_64_concurrent_pushes_to_one_tag_serialize(
     for body in bodies:  # every manifest intact and readable by digest
         r = await client.get(f"/v2/{REPO}/manifests/{sha(body)}")
         assert r.content == body
+
+
+async def test_manifest_limit_comes_from_settings(settings) -> None:
+    from conftest import serve_app
+
+    from ferry.app import build_registry_app
+
+    app = build_registry_app(settings.with_(max_manifest_bytes=2048))
+    with serve_app(app) as url:
+        async with httpx.AsyncClient(base_url=url) as c:
+            body = json.dumps({"schemaVersion": 2, "pad": "x" * 3000}).encode()
+            r = await c.put(f"/v2/{REPO}/manifests/big", content=body,
+                            headers={"Content-Type": mt.OCI_MANIFEST})
+            assert r.status_code == 413
+            assert r.json()["errors"][0]["detail"]["limit"] == 2048
