@@ -97,7 +97,7 @@ def publish(store: ReleaseStore, tag: str, dist: Path, options: PublishOptions,
         emit(Event("step", f"waiting: {held}"))
 
     lease = acquire(store, ref, holder or new_holder(), options.lease_ttl, options.lease_wait,
-                    options.lease_poll, sleep, on_wait)
+                    options.lease_poll, sleep, options.retry_delays, on_wait)
     with LeaseKeeper(lease, options.lease_ttl) as keeper:
         _run_locked(store, ref, payloads, manifest, options, emit, sleep, keeper, report)
     return report

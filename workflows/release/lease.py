@@ -13,9 +13,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
+from workflows.release.retries import call_with_retries
 from workflows.release.store import Lease, LeaseHeld, LeaseLost, ReleaseRef, ReleaseStore
 
 
@@ -25,14 +26,16 @@ def new_holder() -> str:
 
 
 def acquire(store: ReleaseStore, ref: ReleaseRef, holder: str, ttl: float, wait: float,
-            poll: float, sleep: Callable[[float], None],
+            poll: float, sleep: Callable[[float], None], delays: Sequence[float] = (),
             on_wait: Callable[[LeaseHeld], None] | None = None) -> Lease:
     """Take the lease; while another run holds it, poll until `wait` seconds have passed,
-    then raise the last LeaseHeld (wait=0 fails at once)."""
+    then raise the last LeaseHeld (wait=0 fails at once). Transient store errors are
+    retried after `delays`, like every other remote call of the job."""
     deadline = time.monotonic() + wait
     while True:
         try:
-            return store.acquire_lease(ref, holder, ttl)
+            return call_with_retries(lambda: store.acquire_lease(ref, holder, ttl), delays,
+                                     sleep)
         except LeaseHeld as held:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -79,3 +79,32 @@ def test_only_transient_errors_are_retried_with_the_configured_delays():
         call_with_retries(lambda: (_ for _ in ()).throw(StoreError("403", transient=False)),
                           (15, 30), waited.append)
     assert waited == []
+
+
+class _FlakyLeaseStore:
+    """Answers acquire_lease from a script: errors to raise, then a lease."""
+
+    def __init__(self, script: list) -> None:
+        self.script = script
+
+    def acquire_lease(self, ref, holder, ttl):
+        item = self.script.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+def test_lease_acquisition_retries_transient_errors_and_polls_while_held():
+    from workflows.release.lease import acquire
+    from workflows.release.store import LeaseHeld
+
+    waited: list[float] = []
+    lease = object()
+    store = _FlakyLeaseStore([StoreError("503", transient=True), LeaseHeld("other", None),
+                              lease])
+    got = acquire(store, ReleaseRef.from_tag("v1.0.0"), "me", ttl=60, wait=30, poll=2.5,
+                  sleep=waited.append, delays=(0.5,))
+    assert got is lease and waited == [0.5, 2.5]
+    with pytest.raises(LeaseHeld):
+        acquire(_FlakyLeaseStore([LeaseHeld("other", None)]), ReleaseRef.from_tag("v1.0.0"),
+                "me", ttl=60, wait=0, poll=1, sleep=waited.append)
