@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from rich.console import Console
@@ -22,8 +22,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColum
 from ferry.client import CLIError, ServerClient, error_text
 from ferry.config import Settings
 from registry.digests import Digest, sha256_file
-from workflows.create.errors import CreateError
-from workflows.create.modelfile import Modelfile, parse_modelfile
+
+if TYPE_CHECKING:
+    from workflows.create.modelfile import Modelfile
 
 UPLOAD_ATTEMPTS = 6
 CHUNK = 1024 * 1024
@@ -42,6 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def load_modelfile(path: str | None) -> tuple[Modelfile, Path]:
     """The Modelfile and the dir its relative paths resolve against."""
+    # Imported here: `ferry` imports every command module, and this one pulls in numpy.
+    from workflows.create.errors import CreateError
+    from workflows.create.modelfile import Modelfile, parse_modelfile
+
     file = Path(path) if path else Path("Modelfile")
     if path is None and not file.is_file():
         return Modelfile(from_="."), Path.cwd()
