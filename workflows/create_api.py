@@ -97,6 +97,8 @@ def parse_request(data: dict[str, Any], store: Store, limits: CreateLimits) -> C
     if gguf and draft_files:
         raise CreateError("DRAFT needs a safetensors model; GGUF drafts are not supported")
     target_q, draft_q = parse_quantize(quantize, draft_quantize, bool(draft_files))
+    if base is not None and target_q is not None:
+        raise CreateError("quantize needs files to import; an existing model is not requantized")
     options = CreateOptions(
         quantize=target_q, draft_quantize=draft_q, base_manifest=base,
         template=_optional_str(data, "template"), system=_optional_str(data, "system"),
@@ -209,7 +211,7 @@ async def create_model(request: Request) -> Response:
     store: Store = request.app.state.store
     data = await read_json(request)
     job = await asyncio.to_thread(parse_request, data, store, settings)
-    if not job.gguf and job.files:
+    if not job.gguf and (job.files or job.draft_files):
         _check_runtime()
     stream = data.get("stream", True) is not False
 

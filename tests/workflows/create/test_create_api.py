@@ -211,3 +211,13 @@ def test_bad_info_is_refused(model_server, store, make_checkpoint, info):
     resp = _post(model_server, {"model": "me/bad", "files": files, "info": info})
     assert resp.status_code == 400 and "info" in resp.json()["error"]
     assert _no_model(store)
+
+
+def test_quantize_with_an_existing_base_model_is_refused(model_server, store, make_checkpoint):
+    files = upload_dir(store, make_checkpoint("llama"))
+    assert _post(model_server, {"model": "me/base", "files": files, "stream": False}
+                 ).status_code == 200
+    resp = _post(model_server, {"model": "me/bad", "from": "me/base", "quantize": "int4"})
+    assert resp.status_code == 400 and "not requantized" in resp.json()["error"]
+    resp = _post(model_server, {"model": "me/bad", "from": "me/base", "files": files})
+    assert resp.status_code == 400 and "cannot be combined" in resp.json()["error"]
