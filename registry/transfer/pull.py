@@ -29,6 +29,7 @@ from registry.transfer.client import RegistryClient, TransferOptions, parse_targ
 from registry.transfer.errors import TransferError
 from registry.transfer.partial import OrderedHasher, Part, PartialBlob
 from registry.transfer.retry import ShortRead
+from registry.transfer.tasks import in_thread, run_all
 
 Progress = Callable[[dict[str, Any]], None]
 _WRITE_BATCH = 1024 * 1024
@@ -46,9 +47,10 @@ async def pull(model: str, store: Store, options: TransferOptions, report: Progr
         manifest = await _fetch_manifest(client, name)
         blobs = _unique_blobs(manifest)
         streams = asyncio.Semaphore(options.max_streams)
-        async with asyncio.TaskGroup() as group:
-            for desc in blobs:
-                group.create_task(BlobPull(client, store, desc, streams, report).run())
+        # Blobs in flight (each holds a partial file and a hashing thread) are bounded too.
+        slots = asyncio.Semaphore(2 * options.max_streams)
+        await run_all(BlobPull(client, store, desc, streams, report).run(slots)
+                      for desc in blobs)
     report(progress("verifying sha256 digest"))
     report(progress("writing manifest"))
     previous = _current_manifest(store, name)
@@ -76,7 +78,7 @@ async def _fetch_manifest(client: RegistryClient, name: Name) -> Manifest:
     reference = name.digest or name.tag
     try:
         raw, content_type = await client.options.retry.run(
-            "pull model manifest", lambda _n: _get_manifest(client, reference))
+            "fetching the manifest", lambda _n: _get_manifest(client, reference))
         manifest = parse_manifest(raw, content_type, client.options.max_manifest_bytes)
     except (FerryError, httpx.HTTPError) as exc:
         raise ManifestError(f"pull model manifest: {exc}") from exc
@@ -131,7 +133,11 @@ class BlobPull:
             done = sum(p.completed for p in self.parts) if self.parts else self.desc.size
             self.report(progress(self.status, str(self.desc.digest), self.desc.size, done))
 
-    async def run(self) -> None:
+    async def run(self, slots: asyncio.Semaphore) -> None:
+        async with slots:
+            await self._run()
+
+    async def _run(self) -> None:
         if await asyncio.to_thread(self._already_present):
             self._progress(force=True)
             return
@@ -141,12 +147,10 @@ class BlobPull:
         await asyncio.to_thread(partial.open, self.parts)
         self._progress(force=True)
         hasher = self._hasher = OrderedHasher(partial.path, self.parts, self.desc.size)
-        hashing = asyncio.ensure_future(asyncio.to_thread(hasher.run))
+        hashing = in_thread(hasher.run, f"hash-{self.desc.digest.short}")
         try:
-            async with asyncio.TaskGroup() as group:
-                for part in self.parts:
-                    if part.remaining:
-                        group.create_task(self._fetch_part(partial, part))
+            await run_all(self._fetch_part(partial, part) for part in self.parts
+                          if part.remaining)
             result = await hashing
         finally:
             hasher.stop()

@@ -27,6 +27,7 @@ from registry.store import Store
 from registry.transfer.client import RegistryClient, TransferOptions, parse_target
 from registry.transfer.errors import RegistryError
 from registry.transfer.session import Reply
+from registry.transfer.tasks import run_all
 
 Progress = Callable[[dict[str, Any]], None]
 _READ = 1024 * 1024
@@ -44,9 +45,7 @@ async def push(model: str, store: Store, options: TransferOptions, report: Progr
     blobs = list({d.digest: d for d in manifest.references()}.values())
     async with RegistryClient(name, base, options) as client:
         streams = asyncio.Semaphore(options.max_streams)
-        async with asyncio.TaskGroup() as group:
-            for desc in blobs:
-                group.create_task(BlobPush(client, store, desc, streams, report).run())
+        await run_all(BlobPush(client, store, desc, streams, report).run() for desc in blobs)
         report(progress("pushing manifest"))
         await options.retry.run("pushing manifest", lambda _n: _put_manifest(
             client, name, raw, manifest.media_type))

@@ -23,8 +23,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.responses import StreamingResponse
+from starlette.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -45,6 +50,8 @@ class BlobCDN:
         self.delay = 0.0
         self.corrupt: set[str] = set()
         self.cut_after: int | None = None  # close each body after this many bytes
+        self.active = 0
+        self.max_active = 0
         self.app = Starlette(routes=[Route("/blobs/{digest}", self.blob, methods=["GET"])])
 
     async def blob(self, request: Request) -> Response:
@@ -66,16 +73,21 @@ class BlobCDN:
         return StreamingResponse(self._stream(body), status_code=status, headers=headers)
 
     async def _stream(self, body: bytes):
-        sent = 0
-        for offset in range(0, len(body), self.chunk):
-            piece = body[offset:offset + self.chunk]
-            if self.cut_after is not None and sent + len(piece) > self.cut_after:
-                return  # the connection ends short of Content-Length
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            sent += len(piece)
-            self.bytes_served += len(piece)
-            yield piece
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            sent = 0
+            for offset in range(0, len(body), self.chunk):
+                piece = body[offset:offset + self.chunk]
+                if self.cut_after is not None and sent + len(piece) > self.cut_after:
+                    return  # the connection ends short of Content-Length
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                sent += len(piece)
+                self.bytes_served += len(piece)
+                yield piece
+        finally:
+            self.active -= 1
 
 
 class RedirectBlobs:
@@ -94,6 +106,26 @@ class RedirectBlobs:
             await RedirectResponse(url, status_code=307)(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+class RequestLog:
+    """Records (method, path, query) of every request, and the Authorization header seen."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.requests: list[tuple[str, str, str]] = []
+        self.authorizations: list[str] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            self.requests.append((scope["method"], scope["path"],
+                                  scope.get("query_string", b"").decode()))
+            headers = dict((k.decode().lower(), v.decode()) for k, v in scope["headers"])
+            self.authorizations.append(headers.get("authorization", ""))
+        await self.app(scope, receive, send)
+
+    def count(self, method: str, fragment: str = "") -> int:
+        return sum(1 for m, path, _q in self.requests if m == method and fragment in path)
 
 
 class FailEverySecondPatch:

@@ -67,7 +67,7 @@ async def test_a_name_resolving_to_any_private_address_is_refused() -> None:
     resolver = StaticResolver({"cdn.example": ["93.184.216.34"]})
     resolver.answers["mixed.example"] = "10.1.2.3"
     policy = RedirectPolicy(httpx.URL("https://registry.example"), False, resolver)
-    with pytest.raises(RedirectRefused, match="mixed.example resolves to 10.1.2.3, a private"):
+    with pytest.raises(RedirectRefused, match=r"mixed\.example resolves to 10\.1\.2\.3, a private"):
         await check_hop(httpx.URL("https://mixed.example/x"), policy, HopChain(1))
     hop = await check_hop(httpx.URL("https://cdn.example/x"), policy, HopChain(1))
     assert str(hop.address) == "93.184.216.34"
@@ -77,7 +77,7 @@ async def test_a_name_resolving_to_any_private_address_is_refused() -> None:
 
 async def test_dns_failure_or_empty_answer_is_a_refusal() -> None:
     policy = _policy("https://registry.example")
-    with pytest.raises(RedirectRefused, match="nowhere.example has no address"):
+    with pytest.raises(RedirectRefused, match=r"nowhere\.example has no address"):
         await check_hop(httpx.URL("https://nowhere.example/x"), policy, HopChain(1))
 
 
@@ -115,7 +115,7 @@ async def test_hop_to_127_0_0_2_is_refused_without_insecure_and_followed_with_it
             session = _session(registry, ca_file, insecure)
             try:
                 if not insecure:
-                    with pytest.raises(RedirectRefused, match="127.0.0.2.*loopback address"):
+                    with pytest.raises(RedirectRefused, match=r"127\.0\.0\.2.*loopback address"):
                         await session.send("GET", target)
                     assert hits["/ok"] == 0  # refused before any connection
                 else:
