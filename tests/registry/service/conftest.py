@@ -68,3 +68,22 @@ async def push_image(client: httpx.AsyncClient, repo: str, tag: str, seed: str =
                          headers={"Content-Type": media_type})
     assert r.status_code == 201, r.text
     return raw, sha(raw)
+
+
+def s3_store(endpoint: str, bucket: str | None = None):
+    """An S3Store on `bucket` (default: a fresh one) of the test S3 server (moto)."""
+    import uuid
+
+    import boto3
+    from botocore.config import Config
+
+    from registry.service.storage.s3 import S3Store
+
+    config = Config(max_pool_connections=32, retries={"max_attempts": 8, "mode": "standard"})
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1",
+                          config=config)
+    if bucket is None:
+        bucket = f"ferry-registry-{uuid.uuid4().hex[:12]}"
+        client.create_bucket(Bucket=bucket)
+    return S3Store(client, bucket, prefix="registry")

@@ -10,13 +10,18 @@ import pytest
 
 from registry.service.storage import BlobStore, FilesystemStore, KeyNotFound
 
+from .conftest import s3_store
 
-@pytest.fixture(params=["filesystem"])
+
+@pytest.fixture(params=["filesystem", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path):
     if request.param == "filesystem":
-        fs = FilesystemStore(tmp_path / "store")
-        yield fs
-        fs.close()
+        impl = FilesystemStore(tmp_path / "store")
+    else:
+        endpoint = request.getfixturevalue("s3_server")
+        impl = s3_store(endpoint)
+    yield impl
+    impl.close()
 
 
 async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
@@ -75,6 +80,20 @@ async def test_commit_publishes_staged_bytes_and_removes_the_staging_key(store: 
     await store.commit("published/deep/x", "staging/x")
     assert await store.get("published/deep/x") == b"payload"
     assert await store.stat("staging/x") is None
+
+
+async def test_commit_of_many_appends_concatenates_them(store: BlobStore) -> None:
+    big = bytes(range(256)) * 40_000  # ~10 MiB: more than one multipart part on S3
+    await store.append("staging/y", chunks(b"first,"))
+    await store.append("staging/y", chunks(big))
+    await store.append("staging/y", chunks(b",last"))
+    stat = await store.stat("staging/y")
+    assert stat is not None and stat.size == len(big) + 11
+    assert await read_all(store, "staging/y", 3, 10) == (b"first," + big)[3:13]
+    await store.commit("out/y", "staging/y")
+    assert await store.get("out/y") == b"first," + big + b",last"
+    assert await store.stat("staging/y") is None
+    assert await store.list("staging") == []
 
 
 async def test_commit_replaces_an_existing_object(store: BlobStore) -> None:
