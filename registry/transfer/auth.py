@@ -186,8 +186,12 @@ class Authenticator:
             body = await reply.response.aread()
         finally:
             await reply.aclose()
+        text = body.decode("utf-8", "replace")
+        if reply.status in (401, 403):
+            raise AuthFailed(f"unauthorized: the token service refused the credentials "
+                             f"({reply.status}: {text.strip()[:200]})")
         if reply.status >= 400:
-            raise RegistryError(reply.status, body.decode("utf-8", "replace"), str(url))
+            raise RegistryError(reply.status, text, str(url))
         try:
             data = json.loads(body)
             token = data.get("token") or data.get("access_token")

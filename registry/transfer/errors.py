@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 from registry.errors import FerryError, NotFound
 
 
@@ -36,7 +38,7 @@ class RegistryError(TransferError):
     """The registry answered `status`; the message is Ollama's `"<code>: <body>"`."""
 
     def __init__(self, status: int, body: str, url: str = "") -> None:
-        super().__init__(f"{status}: {body.strip()[:500]}" if body.strip() else f"{status}")
+        super().__init__(f"{status}: {body.strip()[:500] or _phrase(status)}")
         self.status = status
         self.body = body
         self.url = url
@@ -61,3 +63,10 @@ class RetriesExhausted(TransferError):
         super().__init__(f"{what}: giving up after {attempts} attempts: {cause}")
         self.attempts = attempts
         self.last = last
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "error"

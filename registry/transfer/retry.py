@@ -61,6 +61,7 @@ class RetryPolicy:
     initial: float = 0.5
     cap: float = 10.0
     retry_after_cap: float = 60.0
+    sleep: Callable[[float], Awaitable[None]] | None = None  # tests record the waits
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -74,6 +75,7 @@ class RetryPolicy:
             stop=stop_after_attempt(self.attempts),
             wait=self._wait,
             retry=retry_if_exception(is_transient),
+            **({"sleep": self.sleep} if self.sleep is not None else {}),
         )
         try:
             async for state in retrying:

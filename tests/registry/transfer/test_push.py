@@ -1,0 +1,142 @@
+"""Push against ferry's registry service: chunk failures recovered from the session's offset,
+cross-repository mounts, present blobs skipped, the manifest byte-exact."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from conftest import serve_app
+
+from registry.errors import NotFound
+from registry.manifests import parse_manifest
+from registry.names import Name
+from registry.service.app import build_registry_app
+from registry.store import Store
+from registry.transfer.errors import RetriesExhausted
+from registry.transfer.pull import pull
+from registry.transfer.push import push
+from registry.transfer.retry import RetryPolicy
+
+from .fakes import FailEverySecondPatch, RequestLog
+from .helpers import fast_options, make_model
+
+KiB = 1024
+
+
+async def test_push_completes_when_every_second_chunk_fails(
+        tmp_path: Path, source: Store, target: Store) -> None:
+    flaky = FailEverySecondPatch(build_registry_app(tmp_path / "registry"))
+    with serve_app(flaky) as url:
+        name = f"{url.removeprefix('http://')}/ns/model:v1"
+        raw = make_model(source, name, [640 * KiB + 3])
+        events: list[dict] = []
+        await push(name, source, fast_options(tmp_path / "p", insecure=True), events.append)
+        await pull(name, target, fast_options(tmp_path / "c", insecure=True), lambda e: None)
+    assert flaky.failed >= 4
+    assert flaky.status_checks == flaky.failed  # each failure asked where the session was
+    # After a failure the next chunk starts mid-chunk: where the registry really got to.
+    starts = [int(r.split("-")[0]) for r in flaky.ranges]
+    assert any(start % (64 * KiB) for start in starts)
+    assert target.read_manifest(Name.parse(name)) == raw
+    for desc in parse_manifest(raw).references():
+        assert target.read_blob(desc.digest) == source.read_blob(desc.digest)
+    statuses = [e["status"] for e in events]
+    assert statuses[0] == "retrieving manifest"
+    assert statuses[-2:] == ["pushing manifest", "success"]
+    assert any(s.startswith("pushing ") and s != "pushing manifest" for s in statuses)
+
+
+async def test_push_mounts_blobs_the_registry_has_in_another_repository(
+        tmp_path: Path, source: Store) -> None:
+    log = RequestLog(build_registry_app(tmp_path / "registry"))
+    with serve_app(log) as url:
+        host = url.removeprefix("http://")
+        make_model(source, f"{host}/ns/first:v1", [100 * KiB, 2 * KiB])
+        options = fast_options(tmp_path / "p", insecure=True)
+        await push(f"{host}/ns/first:v1", source, options, lambda e: None)
+        source.copy_model(Name.parse(f"{host}/ns/first:v1"), Name.parse(f"{host}/ns/second:v1"))
+        patches = log.count("PATCH")
+        await push(f"{host}/ns/second:v1", source, options, lambda e: None)
+        mounts = [q for m, _p, q in log.requests if m == "POST" and "mount=" in q]
+        assert log.count("PATCH") == patches  # no byte uploaded again
+        assert len(mounts) == 3 and all("from=ns%2Ffirst" in q for q in mounts)
+        # Pushing again finds every blob with HEAD and starts no upload at all.
+        posts = log.count("POST")
+        await push(f"{host}/ns/second:v1", source, options, lambda e: None)
+        assert log.count("POST") == posts
+
+
+async def test_push_sends_the_manifest_bytes_unchanged(tmp_path: Path, source: Store,
+                                                       registry_host: str) -> None:
+    name = f"{registry_host}/ns/model:v1"
+    raw = make_model(source, name, [10 * KiB])
+    # Reformat the stored manifest (same content, different bytes): the push must keep them.
+    spaced = raw.replace(b",", b", ")
+    source.write_manifest(Name.parse(name), spaced)
+    await push(name, source, fast_options(tmp_path, insecure=True), lambda e: None)
+    import httpx
+
+    async with httpx.AsyncClient() as http:
+        response = await http.get(f"http://{registry_host}/v2/ns/model/manifests/v1",
+                                  headers={"Accept": parse_manifest(raw).media_type})
+    assert response.content == spaced
+
+
+async def test_push_of_a_missing_model_fails_before_any_request(tmp_path: Path,
+                                                               source: Store) -> None:
+    with pytest.raises(NotFound):
+        await push("127.0.0.1:9/ns/none:v1", source, fast_options(tmp_path, insecure=True),
+                   lambda e: None)
+
+
+async def test_a_registry_that_keeps_failing_gives_up_naming_the_last_cause(
+        tmp_path: Path, source: Store) -> None:
+    from starlette.responses import PlainTextResponse
+
+    hits = 0
+
+    async def broken(request) -> PlainTextResponse:
+        nonlocal hits
+        hits += 1
+        return PlainTextResponse("storage on fire", status_code=503)
+
+    with serve_app(_catch_all(broken)) as url:
+        name = f"{url.removeprefix('http://')}/ns/model:v1"
+        make_model(source, name, [KiB])
+        options = fast_options(tmp_path, insecure=True, max_streams=1,
+                               retry=RetryPolicy(attempts=3, initial=0.001, cap=0.01))
+        with pytest.raises(RetriesExhausted, match="after 3 attempts: 503: Service Unavailable"):
+            await push(name, source, options, lambda e: None)
+    assert hits >= 3
+
+
+async def test_a_client_error_is_not_retried(tmp_path: Path, source: Store) -> None:
+    from starlette.responses import JSONResponse
+
+    hits = 0
+
+    async def forbidden(request) -> JSONResponse:
+        nonlocal hits
+        hits += 1
+        return JSONResponse({"errors": [{"code": "DENIED", "message": "no"}]}, status_code=403)
+
+    with serve_app(_catch_all(forbidden)) as url:
+        name = f"{url.removeprefix('http://')}/ns/model:v1"
+        make_model(source, name, [KiB])
+        from registry.transfer.errors import RegistryError
+
+        with pytest.raises(RegistryError, match="403"):
+            await push(name, source, fast_options(tmp_path, insecure=True, max_streams=1),
+                       lambda e: None)
+    await asyncio.sleep(0)
+    assert hits <= 2  # at most the two blobs' HEADs that were in flight, once each
+
+
+def _catch_all(handler):
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+    return Starlette(routes=[Route("/{path:path}", handler, methods=methods)])
