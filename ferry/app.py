@@ -13,6 +13,7 @@ from ferry.config import Settings
 from registry import models_api, transfer_api
 from registry.api_errors import handle_ferry_error
 from registry.errors import FerryError
+from registry.service.storage.base import BlobStore
 from registry.store import Store
 from runner import chat_api, openai_api
 from runner.scheduler import Scheduler
@@ -60,5 +61,22 @@ def build_registry_app(settings: Settings) -> Starlette:
     """The registry service: the OCI distribution API over `settings.registry_root`."""
     from registry.service.app import build_registry_app as build
 
-    return build(settings.registry_root, max_manifest_bytes=settings.max_manifest_bytes,
+    return build(settings.registry_root, store=registry_store(settings),
+                 max_manifest_bytes=settings.max_manifest_bytes,
                  upload_session_ttl=settings.upload_session_ttl)
+
+
+def registry_store(settings: Settings) -> BlobStore:
+    """The registry's storage: an S3 bucket when one is configured, else `registry_root`.
+    boto3 finds credentials, region and AWS_ENDPOINT_URL the way the AWS CLI does."""
+    from registry.service.storage.filesystem import FilesystemStore
+
+    if not settings.registry_s3_bucket:
+        return FilesystemStore(settings.registry_root)
+    import boto3
+    from botocore.config import Config
+
+    from registry.service.storage.s3 import S3Store
+
+    client = boto3.client("s3", config=Config(max_pool_connections=32))
+    return S3Store(client, settings.registry_s3_bucket, settings.registry_s3_prefix)

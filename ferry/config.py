@@ -89,6 +89,8 @@ class Settings:
     registry_port: int = DEFAULT_REGISTRY_PORT
     max_manifest_bytes: int = 4 * 1024 * 1024
     upload_session_ttl: float = 24 * 3600.0
+    registry_s3_bucket: str = ""  # set: store in this S3 bucket instead of registry_root
+    registry_s3_prefix: str = ""
     # transfers
     max_transfer_streams: int = 8
     # create
@@ -138,6 +140,8 @@ class Settings:
             max_manifest_bytes=_int(env, "FERRY_REGISTRY_MAX_MANIFEST_BYTES", 4 * 1024 * 1024,
                                     minimum=1024),
             upload_session_ttl=_duration(env, "FERRY_REGISTRY_UPLOAD_TTL", 24 * 3600.0),
+            registry_s3_bucket=env.get("FERRY_REGISTRY_S3_BUCKET", "").strip(),
+            registry_s3_prefix=env.get("FERRY_REGISTRY_S3_PREFIX", "").strip(),
             max_transfer_streams=_int(env, "FERRY_MAX_TRANSFER_STREAMS", 8, minimum=1),
             keep_alive=_duration(env, "FERRY_KEEP_ALIVE", 300.0),
             load_timeout=_duration(env, "FERRY_LOAD_TIMEOUT", 300.0),

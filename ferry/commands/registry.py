@@ -54,8 +54,10 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     settings = _with_flags(args, settings)
     app = build_registry_app(settings)
+    where = (f"s3://{settings.registry_s3_bucket}/{settings.registry_s3_prefix}"
+             if settings.registry_s3_bucket else str(settings.registry_root))
     print(f"registry on http://{settings.registry_host}:{settings.registry_port}, "
-          f"storing in {settings.registry_root}", flush=True)
+          f"storing in {where}", flush=True)
     uvicorn.run(app, host=settings.registry_host, port=settings.registry_port,
                 log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                 http="httptools",
@@ -64,11 +66,11 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_gc(args: argparse.Namespace, settings: Settings) -> int:
+    from ferry.app import registry_store
     from registry.service.gc import collect_garbage
-    from registry.service.storage.filesystem import FilesystemStore
 
     settings = _with_flags(args, settings)
-    store = FilesystemStore(settings.registry_root)
+    store = registry_store(settings)
     try:
         report = asyncio.run(collect_garbage(store, grace=args.grace, dry_run=args.dry_run))
     finally:

@@ -3,6 +3,7 @@ upload, and what one stores the other serves."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import httpx
@@ -43,3 +44,35 @@ async def test_replicas_share_uploads_manifests_and_tags(s3_server: str) -> None
             assert (await a.get("/v2/_catalog")).json()["repositories"] == [REPO]
             r = await a.put(f"/v2/{REPO}/blobs/uploads/{'f' * 32}", params={"digest": digest})
             assert r.status_code == 404
+
+
+async def test_serve_and_gc_use_the_bucket_named_in_settings(
+    s3_server: str, monkeypatch, capsys, tmp_path,
+) -> None:
+    from ferry.app import build_registry_app as build_from_settings
+    from ferry.cli import main
+    from ferry.config import Settings
+
+    store = s3_store(s3_server)
+    env = {"FERRY_HOME": str(tmp_path), "FERRY_REGISTRY_S3_BUCKET": store.bucket,
+           "FERRY_REGISTRY_S3_PREFIX": "registry", "AWS_ENDPOINT_URL": s3_server,
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with serve_app(build_from_settings(Settings.from_env())) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            raw, _ = await push_image(c, REPO, "kept")
+            orphan = sha(b"orphan")
+            r = await c.post(f"/v2/{REPO}/blobs/uploads/", params={"digest": orphan},
+                             content=b"orphan")
+            assert r.status_code == 201
+            assert (await c.delete(f"/v2/{REPO}/blobs/{orphan}")).status_code == 202
+    assert not (tmp_path / "registry").exists()  # nothing went to the filesystem root
+    assert await asyncio.to_thread(main, ["registry", "gc", "--grace", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"deleted {orphan}" in out and "deleted 1 blobs" in out
+    assert await store.stat(f"blobs/sha256/{orphan[7:9]}/{orphan[7:]}") is None
+    with serve_app(build_registry_app(store=s3_store(s3_server, store.bucket))) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            assert (await c.get(f"/v2/{REPO}/manifests/kept")).content == raw
