@@ -16,6 +16,7 @@ import sys
 import time
 
 import httpx
+import psutil
 import pytest
 from conftest import REPO
 from served_model import serve_tiny_model
@@ -142,3 +143,39 @@ def test_run_without_a_server_says_how_to_start_one(served, tmp_path):
     result = subprocess.run(ferry("run", served.model, "hi"), env=env, capture_output=True,
                             text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert result.returncode == 1 and "ferry serve" in result.stderr
+
+
+def test_autostart_starts_a_server_that_reaps_its_runner_on_sigterm(served, tmp_path):
+    from conftest import free_port
+
+    env = cli_env(served)
+    env.update(FERRY_AUTOSTART="1", FERRY_HOST=f"127.0.0.1:{free_port()}")
+    try:
+        result = subprocess.run(ferry("run", served.model, "hello", "there"), env=env,
+                                cwd=REPO, capture_output=True, text=True, timeout=120,
+                                stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stderr
+        expected = answer(served, [{"role": "user", "content": "hello there"}])
+        assert expected.strip() in result.stdout
+        (server,) = started_servers(env["FERRY_HOST"])
+        runners = server.children()
+        assert len(runners) == 1  # the model stays loaded for keep_alive
+        server.terminate()
+        server.wait(30)
+        assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in runners)
+    finally:
+        for leftover in started_servers(env["FERRY_HOST"]):
+            leftover.kill()
+
+
+def started_servers(host: str) -> list[psutil.Process]:
+    """`ferry serve` processes started for FERRY_HOST=host (autostart detaches them)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "serve" in (proc.info["cmdline"] or []) and \
+                    proc.environ().get("FERRY_HOST") == host:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
