@@ -9,6 +9,7 @@ the last cause.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -75,7 +76,7 @@ class RetryPolicy:
             stop=stop_after_attempt(self.attempts),
             wait=self._wait,
             retry=retry_if_exception(is_transient),
-            **({"sleep": self.sleep} if self.sleep is not None else {}),
+            sleep=self.sleep or asyncio.sleep,
         )
         try:
             async for state in retrying:
