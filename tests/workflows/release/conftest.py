@@ -1,4 +1,4 @@
-"""Fixtures for the release tests: moto credentials in the environment for in-process runs."""
+"""Fixtures for the release tests: S3 credentials in the environment, a recording sleep."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from .s3_helpers import CREDENTIALS
 
 @pytest.fixture
 def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    if CREDENTIALS:  # moto: fixed test credentials, nothing from the developer's profile
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
     for key, value in CREDENTIALS.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
 class SleepRecorder:

@@ -11,12 +11,18 @@ from typing import Any
 
 import boto3
 
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}
+# moto accepts any credentials; against another S3 (FERRY_TEST_S3_ENDPOINT) the environment's
+# own AWS credentials are used instead.
+EXTERNAL_S3 = bool(os.environ.get("FERRY_TEST_S3_ENDPOINT"))
+CREDENTIALS = {} if EXTERNAL_S3 else {
+    "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 def client(endpoint: str) -> Any:
     """A plain boto3 client straight to the server (no proxy), for setup and inspection."""
+    if EXTERNAL_S3:
+        return boto3.client("s3", endpoint_url=endpoint)
     return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
                         aws_secret_access_key="testing", region_name="us-east-1")
 
@@ -55,7 +61,7 @@ def sha256sum_text(files: dict[str, bytes]) -> str:
 
 
 def cli_env(endpoint: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env = {k: v for k, v in os.environ.items() if EXTERNAL_S3 or not k.startswith("AWS_")}
     return {**env, **CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}
 
 

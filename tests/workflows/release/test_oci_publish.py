@@ -51,7 +51,10 @@ def test_publish_pushes_one_layer_per_asset_tagged_with_the_version(
                  str(make_dist(tmp_path / "d", files)), "--store",
                  f"oci://{_host(registry)}/ferry/releases", "--insecure",
                  "--retry-delays", "0.01,0.02"])
-    assert code == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    for name in [*files, checksums.CHECKSUM_FILE]:  # the summary table, one row per asset
+        assert any(name in line and "uploaded" in line for line in out.splitlines()), out
     manifest, stored = _release(registry, "ferry/releases", "v0.9.0")
     assert manifest["artifactType"] == ARTIFACT_TYPE
     assert manifest["annotations"][TAG_ANNOTATION] == "v0.9.0-rc1"
@@ -77,7 +80,7 @@ def test_a_new_tag_moves_the_release_and_replaces_every_asset(registry, tmp_path
 
 def test_the_lock_tag_admits_exactly_one_of_two_simultaneous_runs(registry):
     ref = ReleaseRef.from_tag("v0.9.1")
-    stores = [OCIReleaseStore(_host(registry), "ferry/releases", insecure=True, settle=0.3)
+    stores = [OCIReleaseStore(_host(registry), "ferry/releases", insecure=True, settle=1.0)
               for _ in range(2)]
     barrier = threading.Barrier(2)
     outcomes: dict[str, object] = {}
@@ -104,11 +107,11 @@ def test_the_lock_tag_admits_exactly_one_of_two_simultaneous_runs(registry):
 def test_a_lease_taken_over_after_expiry_is_lost_by_its_first_holder(registry):
     ref = ReleaseRef.from_tag("v0.9.2")
     store = OCIReleaseStore(_host(registry), "ferry/releases", insecure=True, settle=0.01)
-    first = store.acquire_lease(ref, "first", ttl=0.3)
+    first = store.acquire_lease(ref, "first", ttl=1.0)
     with pytest.raises(LeaseHeld) as held:
         store.acquire_lease(ref, "second", ttl=30)
     assert held.value.holder == "first"
-    time.sleep(0.35)
+    time.sleep(max(0.0, first.expires_at - time.time()) + 0.05)
     second = store.acquire_lease(ref, "second", ttl=30)
     with pytest.raises(LeaseLost):
         first.renew(30)
