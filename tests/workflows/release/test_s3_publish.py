@@ -6,6 +6,7 @@ later, and the job sends the checksum file only after every payload upload has a
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -13,8 +14,9 @@ import pytest
 
 from ferry.cli import main
 from workflows.release import checksums
-from workflows.release.job import PublishOptions, publish
+from workflows.release.job import PublishOptions, publish, verify
 from workflows.release.s3 import S3ReleaseStore
+from workflows.release.store import ReleaseRef
 
 from .fault_proxy import FaultProxy, running
 from .s3_helpers import bucket_files, client, make_dist, new_bucket, payloads, sha256sum_text
@@ -142,3 +144,20 @@ def test_retag_moves_the_release_and_old_assets_are_deleted_with_fresh_listings(
     doc = json.loads(client(s3_server).get_object(Bucket=bucket, Key="rel/v1.2.0.json")
                      ["Body"].read())
     assert doc["tag"] == "v1.2.0-rc2" and doc["prerelease"] is True and doc["name"] == "v1.2.0"
+
+
+def test_listing_with_digests_reports_what_s3_computed(s3_server, tmp_path, sleeps):
+    files = payloads("dig", 2)
+    bucket = new_bucket(s3_server)
+    assert _publish(s3_server, bucket, make_dist(tmp_path / "d", files), sleeps).ok
+    store = S3ReleaseStore(bucket, "rel", endpoint_url=s3_server)
+    ref = ReleaseRef.from_tag("v1.2.0")
+    digests = {a.name: a.sha256 for a in store.list_assets(ref, with_digests=True)}
+    assert digests["dig-0.tar.gz"] == hashlib.sha256(files["dig-0.tar.gz"]).hexdigest()
+    # an object replaced behind the job's back no longer verifies
+    client(s3_server).put_object(Bucket=bucket, Key="rel/v1.2.0/dig-1.tar.gz",
+                                 Body=files["dig-1.tar.gz"][::-1], ChecksumAlgorithm="SHA256")
+    local = {a.name: a for a in checksums.scan_dist(tmp_path / "d")}
+    problems = verify(store.list_assets(ref, with_digests=True), [local["dig-1.tar.gz"]])
+    assert any(p.startswith("dig-1.tar.gz: sha256") for p in problems)
+    store.close()
