@@ -193,18 +193,6 @@ class RunnerProcess:
         self.broken = True
         raise RunnerError(await self.failure_message("the stream ended without a final message"))
 
-    async def tokenize(self, content: str) -> list[int]:
-        try:
-            async with httpx.AsyncClient(timeout=60.0) as client:
-                response = await client.post(f"{self.base_url}/v1/tokenize",
-                                             json={"content": content})
-        except httpx.HTTPError as exc:
-            self.broken = True
-            raise RunnerError(await self.failure_message(str(exc))) from exc
-        if response.status_code >= 400:
-            raise RunnerError(_error_text(response), min(response.status_code, 500))
-        return list(response.json().get("tokens", []))
-
     # -- shutdown ------------------------------------------------------------------------------
 
     def stop(self, grace: float) -> None:

@@ -16,7 +16,6 @@ with only busy runners left it waits for one to go idle.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -107,9 +106,6 @@ class Lease:
     def complete(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """POST /v1/completions to the runner; yields its NDJSON messages."""
         return self.runner.complete(body)
-
-    async def tokenize(self, content: str) -> list[int]:
-        return await self.runner.tokenize(content)
 
     def release(self) -> None:
         """Synchronous, so it is safe in a cancelled request's `finally`."""
@@ -307,15 +303,4 @@ class Scheduler:
             log.debug("runner task failed: %s", task.exception())
 
 
-@contextlib.asynccontextmanager
-async def leased(scheduler: Scheduler, name: Name,
-                 keep_alive: float | None = None) -> AsyncIterator[Lease]:
-    """`async with leased(...) as lease`: acquire, then release however the block ends."""
-    lease = await scheduler.acquire(name, keep_alive)
-    try:
-        yield lease
-    finally:
-        lease.release()
-
-
-__all__ = ["InsufficientMemory", "Lease", "RunnerError", "Scheduler", "SchedulerClosed", "leased"]
+__all__ = ["InsufficientMemory", "Lease", "RunnerError", "Scheduler", "SchedulerClosed"]
