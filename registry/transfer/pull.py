@@ -39,6 +39,10 @@ class ManifestError(TransferError):
     """Fetching or reading the manifest failed (Ollama's "pull model manifest: ...")."""
 
 
+class ManifestNotFound(NotFound, ManifestError):
+    """The registry has no such model or tag (a 404 at the API edge)."""
+
+
 async def pull(model: str, store: Store, options: TransferOptions, report: Progress) -> None:
     """Pull `model` into `store`, calling `report` with Ollama's progress messages."""
     name, base = parse_target(model, options.insecure)
@@ -81,7 +85,8 @@ async def _fetch_manifest(client: RegistryClient, name: Name) -> Manifest:
             "fetching the manifest", lambda _n: _get_manifest(client, reference))
         manifest = parse_manifest(raw, content_type, client.options.max_manifest_bytes)
     except (FerryError, httpx.HTTPError) as exc:
-        raise ManifestError(f"pull model manifest: {exc}") from exc
+        kind = ManifestNotFound if isinstance(exc, NotFound) else ManifestError
+        raise kind(f"pull model manifest: {exc}") from exc
     if name.digest and Digest.of(raw) != Digest.parse(name.digest):
         mismatch = DigestMismatch(name.digest, str(Digest.of(raw)))
         raise ManifestError(f"pull model manifest: {mismatch}")

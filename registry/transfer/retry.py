@@ -10,6 +10,7 @@ the last cause.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -35,7 +36,18 @@ class ShortRead(TransferError):
 
 
 def is_transient(exc: BaseException) -> bool:
+    if _caused_by_certificate(exc):
+        return False  # an untrusted certificate will not become trusted by retrying
     return isinstance(exc, httpx.TransportError | TransientStatus | ShortRead)
+
+
+def _caused_by_certificate(exc: BaseException | None) -> bool:
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def parse_retry_after(value: str | None) -> float | None:

@@ -1,0 +1,119 @@
+"""End to end: a model placed in the model server's store is pushed to ferry's registry on
+127.0.0.1 with --insecure, deleted locally, and pulled back byte-identical, through
+`POST /api/push` / `POST /api/pull` and through the `ferry push` / `ferry pull` CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ferry.cli import main
+from registry.manifests import parse_manifest
+from registry.names import Name
+from registry.store import Store
+
+from .helpers import make_model, store_files
+
+
+def _ndjson(response: httpx.Response) -> list[dict]:
+    assert response.headers["content-type"].startswith("application/x-ndjson")
+    return [json.loads(line) for line in response.text.splitlines() if line.strip()]
+
+
+def _snapshot(store: Store, raw: bytes) -> dict[str, bytes]:
+    return {str(d.digest): store.read_blob(d.digest)
+            for d in parse_manifest(raw).references()}
+
+
+def test_push_delete_pull_through_the_api_is_byte_identical(
+        model_server: str, store: Store, registry_host: str) -> None:
+    name = f"{registry_host}/ns/model:v1"
+    raw = make_model(store, name, [300_000, 5_000])
+    blobs = _snapshot(store, raw)
+    with httpx.Client(base_url=model_server, timeout=60) as http:
+        pushed = _ndjson(http.post("/api/push", json={"model": name, "insecure": True}))
+        statuses = [e["status"] for e in pushed]
+        assert statuses[0] == "retrieving manifest"
+        assert statuses[-2:] == ["pushing manifest", "success"]
+        layer = [e for e in pushed if e.get("digest") == str(parse_manifest(raw).layers[0].digest)]
+        assert layer[-1]["completed"] == layer[-1]["total"] == 300_000
+
+        store.delete_model(Name.parse(name))
+        assert not any(f.startswith("blobs/sha256-") for f in store_files(store))
+
+        pulled = _ndjson(http.post("/api/pull", json={"model": name, "insecure": True}))
+        statuses = [e["status"] for e in pulled]
+        assert statuses[0] == "pulling manifest"
+        assert statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
+        assert any(s.startswith("pulling ") and s != "pulling manifest" for s in statuses)
+
+        store.delete_model(Name.parse(name))
+        quiet = http.post("/api/pull", json={"model": name, "insecure": True, "stream": False})
+        assert quiet.status_code == 200 and quiet.json() == {"status": "success"}
+    assert store.read_manifest(Name.parse(name)) == raw
+    assert _snapshot(store, raw) == blobs
+
+
+def test_api_errors_follow_the_streaming_conventions(model_server: str,
+                                                      registry_host: str) -> None:
+    with httpx.Client(base_url=model_server, timeout=60) as http:
+        missing = http.post("/api/push", json={})
+        assert missing.status_code == 400 and missing.json() == {"error": "model is required"}
+        plain = http.post("/api/pull", json={"model": f"http://{registry_host}/ns/m:v1"})
+        assert plain.status_code == 400
+        assert "insecure protocol http" in plain.json()["error"]
+        name = f"{registry_host}/ns/absent:v1"
+        streamed = http.post("/api/pull", json={"model": name, "insecure": True})
+        assert streamed.status_code == 200
+        lines = _ndjson(streamed)
+        assert lines[0] == {"status": "pulling manifest"}
+        assert lines[-1] == {"error": "pull model manifest: file does not exist"}
+        quiet = http.post("/api/pull", json={"model": name, "insecure": True, "stream": False})
+        assert quiet.status_code == 404
+        assert quiet.json() == {"error": "pull model manifest: file does not exist"}
+
+
+def test_cli_push_and_pull_round_trip_and_failure_exit_status(
+        model_server: str, store: Store, registry_host: str, settings,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FERRY_HOST", model_server)
+    monkeypatch.setenv("FERRY_HOME", str(settings.home))
+    name = f"{registry_host}/ns/cli:v1"
+    raw = make_model(store, name, [70_000])
+    assert main(["push", "--insecure", name]) == 0
+    store.delete_model(Name.parse(name))
+    assert main(["pull", "--insecure", name]) == 0
+    assert store.read_manifest(Name.parse(name)) == raw
+    capsys.readouterr()
+    assert main(["pull", "--insecure", f"{registry_host}/ns/absent:v1"]) == 1
+    assert "Error: pull model manifest: file does not exist" in capsys.readouterr().err
+
+
+def test_https_registry_with_a_private_ca(tmp_path: Path, store: Store) -> None:
+    """No --insecure: https to the user-named registry, trusted through SSL_CERT_FILE."""
+    import asyncio
+
+    from registry.service.app import build_registry_app
+    from registry.transfer.pull import pull
+    from registry.transfer.push import push
+
+    from .helpers import fast_options
+    from .tls import tls_server
+
+    target = Store(tmp_path / "target")
+    with tls_server(build_registry_app(tmp_path / "reg"), "127.0.0.1", tmp_path) as (url, ca):
+        name = f"{url.removeprefix('https://')}/ns/tls:v1"
+        raw = make_model(store, name, [20_000])
+        asyncio.run(push(name, store, fast_options(tmp_path / "h", ca_file=ca), lambda e: None))
+        asyncio.run(pull(name, target, fast_options(tmp_path / "h", ca_file=ca), lambda e: None))
+        from registry.transfer.pull import ManifestError
+
+        # Without the CA the certificate is not trusted, and that is not retried.
+        with pytest.raises(ManifestError, match="CERTIFICATE_VERIFY_FAILED") as err:
+            asyncio.run(pull(name, Store(tmp_path / "t2"), fast_options(tmp_path / "h"),
+                             lambda e: None))
+        assert "attempts" not in str(err.value)
+    assert target.read_manifest(Name.parse(name)) == raw
