@@ -15,6 +15,7 @@ from workflows.release.store import LocalAsset, ReleaseError
 
 CHECKSUM_FILE = "sha256sum.txt"
 _CHUNK = 1024 * 1024
+_TEMP_PREFIX = f".{CHECKSUM_FILE}."
 
 
 def hash_file(path: Path) -> tuple[int, str]:
@@ -34,8 +35,8 @@ def scan_dist(dist: Path) -> list[LocalAsset]:
         raise ReleaseError(f"dist directory {dist} does not exist")
     assets = []
     for path in sorted(dist.iterdir(), key=lambda p: p.name):
-        if path.name == CHECKSUM_FILE or not path.is_file():
-            continue
+        if path.name == CHECKSUM_FILE or path.name.startswith(_TEMP_PREFIX) or not path.is_file():
+            continue  # the manifest itself, or a temp file a crashed run left behind
         if "\n" in path.name or "\\" in path.name:  # sha256sum would escape these lines
             raise ReleaseError(f"{path.name!r}: asset names cannot hold newlines or backslashes")
         size, digest = hash_file(path)
@@ -65,7 +66,7 @@ def parse(text: str) -> dict[str, str]:
 def write_checksum_file(dist: Path, assets: list[LocalAsset]) -> LocalAsset:
     """Write `sha256sum.txt` into `dist` atomically (temp file, rename) and describe it."""
     data = render(assets)
-    fd, temp = tempfile.mkstemp(dir=dist, prefix=f".{CHECKSUM_FILE}.")
+    fd, temp = tempfile.mkstemp(dir=dist, prefix=_TEMP_PREFIX)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

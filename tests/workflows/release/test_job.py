@@ -17,7 +17,8 @@ from .s3_helpers import make_dist, payloads
 
 @pytest.mark.skipif(shutil.which("sha256sum") is None, reason="coreutils sha256sum not found")
 def test_checksum_file_is_accepted_by_sha256sum_check(tmp_path):
-    dist = make_dist(tmp_path / "d", payloads("a", 3) | {"with space.txt": b"x"})
+    dist = make_dist(tmp_path / "d", payloads("a", 3) | {"with space.txt": b"x",
+                                                         ".sha256sum.txt.tmp1": b"crash"})
     assets = checksums.scan_dist(dist)
     manifest = checksums.write_checksum_file(dist, assets)
     result = subprocess.run(["sha256sum", "-c", manifest.name], cwd=dist, capture_output=True,
