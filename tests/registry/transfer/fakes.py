@@ -52,6 +52,7 @@ class BlobCDN:
         self.cut_after: int | None = None  # close each body after this many bytes
         self.active = 0
         self.max_active = 0
+        self.stall_once = 0.0  # the next body goes silent this long after its first chunk
         self.app = Starlette(routes=[Route("/blobs/{digest}", self.blob, methods=["GET"])])
 
     async def blob(self, request: Request) -> Response:
@@ -83,6 +84,9 @@ class BlobCDN:
                     return  # the connection ends short of Content-Length
                 if self.delay:
                     await asyncio.sleep(self.delay)
+                if sent and self.stall_once:
+                    stall, self.stall_once = self.stall_once, 0.0
+                    await asyncio.sleep(stall)
                 sent += len(piece)
                 self.bytes_served += len(piece)
                 yield piece

@@ -117,3 +117,44 @@ def test_https_registry_with_a_private_ca(tmp_path: Path, store: Store) -> None:
                              lambda e: None))
         assert "attempts" not in str(err.value)
     assert target.read_manifest(Name.parse(name)) == raw
+
+
+def test_a_client_disconnect_stops_the_pull_and_keeps_its_partial_blob(
+        tmp_path: Path, settings, store: Store) -> None:
+    import time
+
+    from conftest import serve_app
+
+    from ferry.app import build_model_server
+
+    from .conftest import registry_with_cdn
+    from .helpers import fast_options
+
+    source = Store(tmp_path / "source")
+    with registry_with_cdn(tmp_path, source) as (host, cdn, _log):
+        name = f"{host}/ns/model:v1"
+        make_model(source, name, [4 * 1024 * 1024])
+        import asyncio
+
+        from registry.transfer.push import push
+
+        asyncio.run(push(name, source, fast_options(tmp_path / "p", insecure=True),
+                         lambda e: None))
+        app = build_model_server(settings)
+        fast = fast_options(settings.home)
+        app.state.transfer_overrides = {k: getattr(fast, k) for k in (
+            "part_min", "part_max", "checkpoint_bytes", "retry")}
+        cdn.delay = 0.05
+        with serve_app(app) as url, httpx.Client(base_url=url, timeout=60) as http:
+            with http.stream("POST", "/api/pull", json={"model": name, "insecure": True}) as r:
+                for line in r.iter_lines():
+                    event = json.loads(line)
+                    if event.get("completed") and event.get("total", 0) > 1_000_000:
+                        break  # leave mid-blob: the connection closes here
+            time.sleep(0.5)
+            served = cdn.bytes_served
+            time.sleep(0.5)
+            assert cdn.bytes_served == served  # the pull stopped with its client
+    assert served < 4 * 1024 * 1024
+    assert not store.manifest_path(Name.parse(name)).exists()
+    assert any("-partial" in f for f in store_files(store))  # kept for the next attempt

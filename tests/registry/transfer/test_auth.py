@@ -124,3 +124,27 @@ async def test_retry_after_is_honoured_and_client_errors_fail_at_once() -> None:
     with pytest.raises(httpx.InvalidURL):
         await policy.run("x", refused)
     assert calls == 1
+
+
+def test_ferry_login_cli_saves_credentials_only_when_accepted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    from ferry.cli import main
+
+    auth = TokenAuth(build_registry_app(tmp_path / "registry"), realm="",
+                     password=("alice", "s3cret"))
+    home = tmp_path / "home"
+    monkeypatch.setenv("FERRY_HOME", str(home))
+    with serve_app(auth) as url:
+        auth.realm = f"{url}/token"
+        host = url.removeprefix("http://")
+        monkeypatch.setattr("sys.stdin", io.StringIO("nope\n"))
+        assert main(["login", "--insecure", "-u", "alice", "--password-stdin", host]) == 1
+        assert "unauthorized" in capsys.readouterr().err
+        assert not (home / "credentials.json").exists()
+        monkeypatch.setattr("sys.stdin", io.StringIO("s3cret\n"))
+        assert main(["login", "--insecure", "-u", "alice", "--password-stdin", host]) == 0
+    saved = (home / "credentials.json").read_text()
+    assert '"alice"' in saved and host in saved

@@ -240,3 +240,18 @@ def test_pull_of_an_http_name_without_insecure_fails_before_any_request(
         asyncio.run(pull("http://127.0.0.1:9/ns/m:t", target, fast_options(tmp_path),
                          lambda e: None))
     assert not os.path.exists(target.root)
+
+
+async def test_a_stalled_body_is_retried_after_the_stall_timeout(
+        tmp_path: Path, source: Store, target: Store) -> None:
+    with registry_with_cdn(tmp_path, source) as (host, cdn, _log):
+        name = f"{host}/ns/model:v1"
+        raw = await _publish(source, name, [512 * 1024], tmp_path)
+        cdn.stall_once = 2.0
+        options = fast_options(tmp_path / "c", insecure=True, stall_timeout=0.3,
+                               max_streams=1, part_min=MiB, part_max=MiB)
+        await pull(name, target, options, lambda e: None)
+        layer_requests = [r for r in cdn.requests if "range" in r]
+    assert target.read_manifest(Name.parse(name)) == raw
+    assert len(layer_requests) >= 3  # the config, the stalled body, and its resumption
+    assert any(not r["range"].startswith("bytes=0-") for r in layer_requests)
