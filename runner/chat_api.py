@@ -32,9 +32,18 @@ from runner.chat_request import (
     parse_name,
     refuse_unsupported,
 )
-from runner.completion import CompletionJob, Stats, collect, run_completion, start_stream
+from runner.completion import (
+    Calls,
+    CompletionJob,
+    Item,
+    Stats,
+    collect,
+    run_completion,
+    start_stream,
+)
 from runner.json_format import JSONFormat, with_instruction
 from runner.scheduler import Scheduler
+from runner.tool_calls import ToolCall, tool_names
 
 NDJSON = "application/x-ndjson"
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_name", "thinking")
@@ -53,34 +62,43 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
 
 
-def _piece(kind: str, model: str, text: str) -> dict[str, Any]:
+def _piece(kind: str, model: str, text: str, calls: list[ToolCall] | None = None
+           ) -> dict[str, Any]:
     content: Any = {"role": "assistant", "content": text} if kind == "message" else text
+    if calls:
+        content["tool_calls"] = [call.ollama() for call in calls]
     return {"model": model, "created_at": now_iso(), kind: content, "done": False}
 
 
-def _final(kind: str, model: str, stats: Stats, text: str = "") -> dict[str, Any]:
-    out = _piece(kind, model, text)
+def _final(kind: str, model: str, stats: Stats, text: str = "",
+           calls: list[ToolCall] | None = None) -> dict[str, Any]:
+    out = _piece(kind, model, text, calls)
     out["done"] = True
     out.update(stats.ollama_fields())
     return out
+
+
+def _event(kind: str, model: str, item: Item) -> dict[str, Any]:
+    if isinstance(item, Stats):
+        return _final(kind, model, item)
+    if isinstance(item, Calls):
+        return _piece(kind, model, "", item.calls)
+    return _piece(kind, model, item)
 
 
 async def _respond(kind: str, model: str, job: CompletionJob, stream: bool) -> Response:
     """Run the job; NDJSON pieces when streaming, else one object with the whole text."""
     items = run_completion(job)
     if not stream:
-        text, stats = await collect(items)
-        return JSONResponse(_final(kind, model, stats, text))
+        text, calls, stats = await collect(items)
+        return JSONResponse(_final(kind, model, stats, text, calls))
     first, rest = await start_stream(items)
 
     async def body() -> AsyncIterator[bytes]:
         try:
             item = first
             while item is not None:
-                if isinstance(item, Stats):
-                    yield _line(_final(kind, model, item))
-                else:
-                    yield _line(_piece(kind, model, item))
+                yield _line(_event(kind, model, item))
                 item = await anext(rest, None)
         except (FerryError, OSError) as exc:
             yield _line({"error": error_message(exc)})
@@ -180,7 +198,8 @@ async def chat(request: Request) -> Response:
     fmt = JSONFormat.parse(body.get("format"))
     runner_body = chat_runner_body(model, messages, body.get("options"), body.get("tools"),
                                    fmt, body.get("truncate", True) is not False)
-    job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started)
+    job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started,
+                        tool_names(body.get("tools")))
     return await _respond("message", shown, job, body.get("stream", True) is not False)
 
 

@@ -1,7 +1,8 @@
 """One completion through the scheduler, shared by the Ollama and OpenAI routes.
 
 `run_completion` acquires a runner, streams its text pieces and ends with one `Stats`; a
-`format` makes it buffer each attempt and emit only JSON that validated (runner/json_format.py).
+`format` makes it buffer each attempt and emit only JSON that validated (runner/json_format.py),
+and offered `tools` make it buffer the answer and emit the calls in it (runner/tool_calls.py).
 `start_stream` pulls the first item before a response is chosen, so an error before any output
 (unknown model, failed load) is a plain HTTP error and one after it a final error line or event
 (reference 4.1).
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from registry.names import Name
 from runner.json_format import MAX_ATTEMPTS, JSONFormat
 from runner.scheduler import Lease, Scheduler
+from runner.tool_calls import ToolCall, parse_tool_calls
 
 
 @dataclass
@@ -46,6 +48,16 @@ class Stats:
                 "eval_count": self.eval_count, "eval_duration": self.eval_duration}
 
 
+@dataclass(frozen=True)
+class Calls:
+    """The tool calls found in an answer (emitted after any remaining text)."""
+
+    calls: list[ToolCall]
+
+
+Item = str | Calls | Stats
+
+
 @dataclass
 class CompletionJob:
     """What to run: the runner request body (docs/runner-protocol.md) and how to hold the model."""
@@ -56,15 +68,20 @@ class CompletionJob:
     keep_alive: float | None
     fmt: JSONFormat | None
     started: float  # time.monotonic() when the request arrived
+    tool_names: set[str] = field(default_factory=set)
 
 
-async def run_completion(job: CompletionJob) -> AsyncIterator[str | Stats]:
-    """Text pieces, then one Stats. The runner is released however the consumer stops."""
+async def run_completion(job: CompletionJob) -> AsyncIterator[Item]:
+    """Text pieces (and Calls), then one Stats. The runner is released however this ends."""
     lease = await job.scheduler.acquire(job.name, job.keep_alive)
     try:
         stats = Stats(load_duration=int(lease.load_duration * 1e9))
-        pieces = _plain(lease, job.body, stats) if job.fmt is None else _constrained(
-            lease, job.body, job.fmt, stats)
+        if job.fmt is not None:
+            pieces: AsyncIterator[str | Calls] = _constrained(lease, job.body, job.fmt, stats)
+        elif job.tool_names:
+            pieces = _with_tools(lease, job.body, job.tool_names, stats)
+        else:
+            pieces = _plain(lease, job.body, stats)
         async for piece in pieces:
             yield piece
         stats.total_duration = int((time.monotonic() - job.started) * 1e9)
@@ -79,6 +96,17 @@ async def _plain(lease: Lease, body: dict[str, Any], stats: Stats) -> AsyncItera
             stats.add_runner_final(message)
         elif message.get("content"):
             yield str(message["content"])
+
+
+async def _with_tools(lease: Lease, body: dict[str, Any], names: set[str],
+                      stats: Stats) -> AsyncIterator[str | Calls]:
+    """Buffer the answer, since a call is only recognisable whole; then text, then calls."""
+    text = "".join([piece async for piece in _plain(lease, body, stats)])
+    content, calls = parse_tool_calls(text, names)
+    if content:
+        yield content
+    if calls:
+        yield Calls(calls)
 
 
 async def _constrained(lease: Lease, body: dict[str, Any], fmt: JSONFormat,
@@ -107,8 +135,7 @@ def _with_retry_seed(body: dict[str, Any], attempt: int) -> dict[str, Any]:
     return {**body, "options": {**options, "seed": int(options["seed"]) + attempt}}
 
 
-async def start_stream(items: AsyncIterator[str | Stats]
-                       ) -> tuple[str | Stats | None, AsyncIterator[str | Stats]]:
+async def start_stream(items: AsyncIterator[Item]) -> tuple[Item | None, AsyncIterator[Item]]:
     """Run `items` up to its first item (raising any error before output) and hand back both."""
     try:
         first = await anext(items)
@@ -117,12 +144,14 @@ async def start_stream(items: AsyncIterator[str | Stats]
     return first, items
 
 
-async def collect(items: AsyncIterator[str | Stats]) -> tuple[str, Stats]:
-    """The whole text and the final Stats, for non-streaming responses."""
-    text, stats = "", Stats()
+async def collect(items: AsyncIterator[Item]) -> tuple[str, list[ToolCall], Stats]:
+    """The whole text, the tool calls and the final Stats, for non-streaming responses."""
+    text, calls, stats = "", [], Stats()
     async for item in items:
         if isinstance(item, Stats):
             stats = item
+        elif isinstance(item, Calls):
+            calls += item.calls
         else:
             text += item
-    return text, stats
+    return text, calls, stats

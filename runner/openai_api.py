@@ -22,8 +22,17 @@ from registry.api_errors import APIError, error_message, read_json, status_for
 from registry.errors import FerryError
 from runner.chat_api import chat_messages, chat_runner_body
 from runner.chat_request import load_model_defaults, parse_name, refuse_unsupported
-from runner.completion import CompletionJob, Stats, collect, run_completion, start_stream
+from runner.completion import (
+    Calls,
+    CompletionJob,
+    Item,
+    Stats,
+    collect,
+    run_completion,
+    start_stream,
+)
 from runner.json_format import JSONFormat
+from runner.tool_calls import ToolCall, tool_names
 
 FINISH = {"stop": "stop", "length": "length"}
 Handler = Callable[[Request], Awaitable[Response]]
@@ -77,8 +86,25 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
         if image:
             converted["images"] = ["(image)"]
         if message.get("tool_calls"):
-            converted["tool_calls"] = message["tool_calls"]
+            converted["tool_calls"] = _ollama_tool_calls(message["tool_calls"])
         out.append(converted)
+    return out
+
+
+def _ollama_tool_calls(calls: Any) -> list[dict[str, Any]]:
+    """An assistant turn's OpenAI tool calls (arguments as a JSON string) in Ollama's shape."""
+    out = []
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise APIError(400, "every tool call needs a function")
+        arguments = function.get("arguments") or {}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError as exc:
+                raise APIError(400, f"tool call arguments are not JSON: {exc}") from exc
+        out.append({"function": {"name": function.get("name"), "arguments": arguments}})
     return out
 
 
@@ -110,6 +136,19 @@ def _format(body: dict[str, Any]) -> JSONFormat | None:
     return None
 
 
+def _tool_calls(calls: list[ToolCall], stream: bool) -> list[dict[str, Any]]:
+    out = []
+    for index, call in enumerate(calls):
+        entry = {"id": f"call_{secrets.token_hex(6)}", "type": "function",
+                 "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
+        out.append({"index": index, **entry} if stream else entry)
+    return out
+
+
+def _finish(stats: Stats, calls: bool) -> str:
+    return "tool_calls" if calls else FINISH.get(stats.done_reason, "stop")
+
+
 def _usage(stats: Stats) -> dict[str, int]:
     return {"prompt_tokens": stats.prompt_eval_count, "completion_tokens": stats.eval_count,
             "total_tokens": stats.prompt_eval_count + stats.eval_count}
@@ -126,13 +165,16 @@ async def chat_completions(request: Request) -> Response:
     refuse_unsupported(model, {}, has_images)
     fmt = _format(body)
     runner_body = chat_runner_body(model, messages, _options(body), body.get("tools"), fmt, True)
-    job = CompletionJob(request.app.state.scheduler, name, runner_body, None, fmt, started)
+    job = CompletionJob(request.app.state.scheduler, name, runner_body, None, fmt, started,
+                        tool_names(body.get("tools")))
     base = {"id": f"chatcmpl-{secrets.token_hex(8)}", "created": int(time.time()),
             "model": body["model"], "system_fingerprint": "fp_ferry"}
     if not body.get("stream"):
-        text, stats = await collect(run_completion(job))
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": FINISH.get(stats.done_reason, "stop")}
+        text, calls, stats = await collect(run_completion(job))
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = _tool_calls(calls, stream=False)
+        choice = {"index": 0, "message": message, "finish_reason": _finish(stats, bool(calls))}
         return JSONResponse({**base, "object": "chat.completion", "choices": [choice],
                              "usage": _usage(stats)})
     options = body.get("stream_options") or {}
@@ -141,21 +183,26 @@ async def chat_completions(request: Request) -> Response:
     return StreamingResponse(_sse(base, first, rest, usage), media_type="text/event-stream")
 
 
-async def _sse(base: dict[str, Any], first: str | Stats | None,
-               rest: AsyncIterator[str | Stats], include_usage: bool) -> AsyncIterator[bytes]:
+async def _sse(base: dict[str, Any], first: Item | None, rest: AsyncIterator[Item],
+               include_usage: bool) -> AsyncIterator[bytes]:
     """Chunks as server-sent events: deltas, a finish chunk, usage if asked, then [DONE]."""
     def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         chunk = {**base, "object": "chat.completion.chunk", "choices": choices, **extra}
         return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
 
+    called = False
     try:
         item = first
         while item is not None:
             if isinstance(item, Stats):
-                finish = FINISH.get(item.done_reason, "stop")
+                finish = _finish(item, called)
                 yield event([{"index": 0, "delta": {}, "finish_reason": finish}])
                 if include_usage:
                     yield event([], usage=_usage(item))
+            elif isinstance(item, Calls):
+                called = True
+                delta = {"role": "assistant", "tool_calls": _tool_calls(item.calls, True)}
+                yield event([{"index": 0, "delta": delta, "finish_reason": None}])
             else:
                 delta = {"role": "assistant", "content": item}
                 yield event([{"index": 0, "delta": delta, "finish_reason": None}])

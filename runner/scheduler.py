@@ -251,6 +251,10 @@ class Scheduler:
                     await self._stop(runner)
             raise
         async with self._cond:
+            # Charge what the runner really holds when that exceeds the estimate.
+            rss = (runner.status.get("memory") or {}).get("rss")
+            if isinstance(rss, int) and rss > runner.size:
+                runner.size = rss
             self._cond.notify_all()  # a load waiting for an idle runner may evict this one now
 
     # -- release, expiry, stop -----------------------------------------------------------------

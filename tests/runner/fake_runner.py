@@ -2,7 +2,8 @@
 
 It speaks docs/runner-protocol.md with the standard library only, so it starts in a fraction of
 a second, and it can be told to misbehave: load slowly, die while loading with a message on
-stderr, stream slowly (so a test can kill it mid-request), or answer non-JSON first. The API and
+stderr, stream slowly (so a test can kill it mid-request), answer non-JSON first, or call the
+first tool offered (an answer a random-weight model will not write). The API and
 client tests use the real runner; this process exists to make failures happen on demand.
 
     python fake_runner.py --model NAME --port P [--load-seconds S] [--die-on-load MSG]
@@ -57,6 +58,9 @@ def next_request_number() -> int:
 
 
 def pieces(body: dict) -> list[str]:
+    if body.get("tools"):
+        call = {"name": body["tools"][0]["function"]["name"], "arguments": {"city": "Paris"}}
+        return ["Let me check. ", "<tool_call>", json.dumps(call), "</tool_call>"]
     wants_json = "json" in json.dumps(body).lower()
     if wants_json and next_request_number() >= ARGS.bad_json_first:
         return ['{"answer": ', "42", "}"]

@@ -51,6 +51,17 @@ def test_ollama_chat_streamed_and_not_agree(client, served):
     assert "".join(c.message.content for c in chunks) == whole.message.content
 
 
+def test_an_answer_without_a_call_stays_text_when_tools_are_offered(client, served):
+    """The fixture's chat template ignores tools, so the answer must equal the plain one."""
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    plain = client.chat(model=served.model, messages=QUESTION)
+    with_tools = client.chat(model=served.model, messages=QUESTION, tools=tools)
+    assert with_tools.done and not with_tools.message.tool_calls
+    assert with_tools.message.content == plain.message.content
+
+
 def test_request_options_override_the_model_defaults(client, served):
     short = client.generate(model=served.model, prompt="hello there",
                             options={"num_predict": 2})

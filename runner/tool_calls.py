@@ -1,0 +1,80 @@
+"""Tool calls in a model's answer, in the shapes chat templates teach models to write them.
+
+The runner returns text; when a request offers `tools`, the model server reads calls out of the
+whole answer: `<tool_call>{...}</tool_call>` (Qwen, Hermes), `[TOOL_CALLS] [...]` (Mistral), or
+a bare JSON object or list with `name` and `arguments` (or `parameters`, Llama 3). Only names the
+request offered count, so prose that happens to contain JSON stays prose.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_MISTRAL = "[TOOL_CALLS]"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+    def ollama(self) -> dict[str, Any]:
+        return {"function": {"name": self.name, "arguments": self.arguments}}
+
+
+def tool_names(tools: Any) -> set[str]:
+    """The function names a request's `tools` list offers."""
+    names = set()
+    for tool in tools if isinstance(tools, list) else []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return names
+
+
+def parse_tool_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+    """(the text left once calls are removed, the calls) for an answer offered `names`."""
+    if not names:
+        return text, []
+    tagged = _TAGGED.findall(text)
+    if tagged:
+        calls = [c for body in tagged for c in _calls(_load(body), names)]
+        if calls:
+            return _TAGGED.sub("", text).strip(), calls
+    if _MISTRAL in text:
+        before, _, after = text.partition(_MISTRAL)
+        calls = _calls(_load(after), names)
+        if calls:
+            return before.strip(), calls
+    stripped = text.strip().removeprefix("<|python_tag|>")
+    calls = _calls(_load(stripped), names)
+    return ("", calls) if calls else (text, [])
+
+
+def _load(text: str) -> Any:
+    try:
+        return json.loads(text.strip())
+    except json.JSONDecodeError:
+        return None
+
+
+def _calls(value: Any, names: set[str]) -> list[ToolCall]:
+    """Calls from a decoded object or list; empty if any entry is not a call to a known name."""
+    items = value if isinstance(value, list) else [value]
+    calls = []
+    for item in items:
+        if not isinstance(item, dict):
+            return []
+        item = item.get("function", item) if isinstance(item.get("function"), dict) else item
+        name = item.get("name")
+        arguments = item.get("arguments", item.get("parameters", {}))
+        if isinstance(arguments, str):
+            arguments = _load(arguments)
+        if name not in names or not isinstance(arguments, dict):
+            return []
+        calls.append(ToolCall(name, arguments))
+    return calls
