@@ -52,6 +52,20 @@ class ServerClient:
             raise CLIError(error_text(response))
         return response
 
+    def has_model(self, model: str) -> bool:
+        """True if the server's store holds `model` (POST /api/show: 200, not 404)."""
+        try:
+            response = self._http.post("/api/show", json={"model": model})
+        except httpx.ConnectError as exc:
+            raise self._unreachable(exc) from exc
+        except httpx.HTTPError as exc:
+            raise CLIError(f"POST /api/show failed: {exc}") from exc
+        if response.status_code == 404:
+            return False
+        if response.status_code >= 400:
+            raise CLIError(error_text(response))
+        return True
+
     def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """POST and yield each NDJSON line; an `{"error"}` line raises CLIError."""
         try:

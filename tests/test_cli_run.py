@@ -179,3 +179,29 @@ def started_servers(host: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def test_run_pulls_a_model_the_store_lacks(served, tmp_path):
+    from conftest import serve_app
+
+    from registry.service.app import build_registry_app
+
+    def post(path: str, body: dict) -> None:
+        httpx.post(f"{served.url}{path}", json=body, timeout=120).raise_for_status()
+
+    with serve_app(build_registry_app(tmp_path / "registry")) as registry:
+        remote = f"{registry.removeprefix('http://')}/me/tiny:latest"
+        post("/api/copy", {"source": served.model, "destination": remote})
+        post("/api/push", {"model": remote, "insecure": True, "stream": False})
+        httpx.request("DELETE", f"{served.url}/api/delete", json={"model": remote},
+                      timeout=60).raise_for_status()
+        result = subprocess.run(ferry("run", "--insecure", remote, "hello", "there"),
+                                env=cli_env(served), cwd=REPO, capture_output=True, text=True,
+                                timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    assert "success" in result.stderr
+    expected = answer(served, [{"role": "user", "content": "hello there"}])
+    assert expected.strip() and expected.strip() in result.stdout
+    names = [m["name"] for m in httpx.get(f"{served.url}/api/tags").json()["models"]]
+    assert remote in names
+    post("/api/generate", {"model": remote, "keep_alive": 0})  # unload its runner

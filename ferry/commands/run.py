@@ -1,7 +1,8 @@
 """`ferry run | ps | stop`: chat with a model, list the loaded ones, unload one.
 
-All three are clients of the model server, like the `ollama` CLI: `run` streams /api/chat (one
-prompt from the arguments or stdin, else an interactive session), `ps` reads /api/ps and `stop`
+All three are clients of the model server, like the `ollama` CLI: `run` pulls the model if the
+store lacks it, then streams /api/chat (one prompt from the arguments or stdin, else an
+interactive session), `ps` reads /api/ps and `stop`
 sends Ollama's unload request (an empty prompt with `keep_alive: 0`). Nothing starts a server
 unless FERRY_AUTOSTART=1, in which case `run` starts `ferry serve` in the background.
 """
@@ -20,6 +21,7 @@ from typing import Any
 from ferry.client import CLIError, ServerClient
 from ferry.commands.models import human_bytes, human_time, table
 from ferry.config import Settings
+from ferry.progress import show_progress
 from runner.scheduler import runner_env
 
 HELP = """Available Commands:
@@ -39,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--format", help='"json" or a JSON schema the answer must match')
     run.add_argument("--keepalive", help="how long the model stays loaded (5m, 1h, 0, -1)")
     run.add_argument("--verbose", action="store_true", help="print timings after each answer")
+    run.add_argument("--insecure", action="store_true",
+                     help="when pulling, allow a private registry over plain http")
     run.set_defaults(func=run_model)
 
     ps = sub.add_parser("ps", help="list the models loaded in runners")
@@ -121,6 +125,8 @@ def run_model(args: argparse.Namespace, settings: Settings) -> int:
         prompt = f"{piped}\n{prompt}".strip() if prompt else piped.strip()
     ensure_server(settings)
     with ServerClient(settings) as client:
+        if not client.has_model(args.model):
+            pull(client, args.model, args.insecure)
         chat = Chat(client, args)
         if prompt:
             chat.send(prompt)
@@ -128,6 +134,14 @@ def run_model(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         chat.load(timeout=settings.load_timeout + 30)
         return interactive(chat)
+
+
+def pull(client: ServerClient, model: str, insecure: bool) -> None:
+    """Pull a model the store lacks, with progress on stderr, as `ollama run` does."""
+    body = {"model": model, "insecure": insecure, "stream": True}
+    last = show_progress(client.stream("/api/pull", body))
+    if last.get("status") != "success":
+        raise CLIError(f"pulling {model} ended without success: {last}")
 
 
 def read_message(first: str) -> str:
