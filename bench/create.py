@@ -6,11 +6,13 @@
 For each quantize type, a fresh `ferry serve` (own FERRY_HOME) runs, and the `ferry create`
 CLI hashes and uploads the checkpoint and asks the server to quantize it. Measured: the CLI's
 wall time (upload included), the server's peak RSS during the create (sampled every 10 ms) and
-the CLI's. mlx-lm runs `mlx_lm.convert` on the same checkpoint for the types it can match
-(affine int4/int8 with group size 64, and the fp modes); its wall time and peak RSS (the whole
-process: it loads the model) are sampled the same way. The machine may be shared, so each
-pair runs `--repeat` times, alternating, with the checkpoint in the page cache first, and the
-best wall time (and its run's peaks) is kept. Prints one table.
+the CLI's; then, for a breakdown, the same create again under another name (every blob is on the
+server now, so nothing is uploaded: "no upload") and the time to hash the checkpoint ("hash").
+mlx-lm runs `mlx_lm.convert` on the same checkpoint (affine int4/int8 with group size 64, or
+the fp modes); its wall time and peak RSS (the whole process: it loads the model) are sampled
+the same way. The machine may be shared, so each pair runs `--repeat` times, alternating, with
+the checkpoint in the page cache first, and the best wall time (and its run's peaks) is kept.
+Prints one table.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import httpx
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 MAKE_CHECKPOINT = REPO.parent / "shared" / "fixtures" / "make_checkpoint.py"
 PYTHON = sys.executable
 MLX_LM_ARGS = {
@@ -90,6 +93,15 @@ def warm_page_cache(ckpt: Path) -> None:
                 pass
 
 
+def hash_seconds(ckpt: Path) -> float:
+    from registry.digests import sha256_file
+
+    start = time.perf_counter()
+    for path in ckpt.iterdir():
+        sha256_file(str(path))
+    return time.perf_counter() - start
+
+
 def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
     """Wall seconds and peak RSS bytes of a command (and its children)."""
     start = time.perf_counter()
@@ -112,12 +124,14 @@ def bench_ferry(ckpt: Path, qtype: str, work: Path) -> dict[str, float]:
         _wait_ready(port)
         idle = psutil.Process(server.pid).memory_info().rss
         (work / "Modelfile").write_text(f"FROM {ckpt}\n")
+        cmd = [PYTHON, "-m", "ferry.cli", "create", f"bench/m:{qtype}", "-f",
+               str(work / "Modelfile"), "--quantize", qtype]
         with PeakRSS(server.pid) as server_rss:
-            wall, cli_peak = run_measured(
-                [PYTHON, "-m", "ferry.cli", "create", f"bench/m:{qtype}", "-f",
-                 str(work / "Modelfile"), "--quantize", qtype], env)
+            wall, cli_peak = run_measured(cmd, env)
+        # Again under another name: every blob is on the server now, so no upload happens.
+        again, _ = run_measured([*cmd[:4], f"bench/again:{qtype}", *cmd[5:]], env)
         return {"wall": wall, "server_peak": server_rss.peak, "server_idle": idle,
-                "cli_peak": cli_peak}
+                "cli_peak": cli_peak, "no_upload": again, "hash": hash_seconds(ckpt)}
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -165,7 +179,8 @@ def main() -> int:
         ckpt = build_checkpoint(args.checkpoint or work / "ckpt", args.preset, args.arch)
         size = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
         print(f"checkpoint: {args.preset} {args.arch}, {size / 1e9:.2f} GB of safetensors")
-        header = (f"{'type':6} | {'ferry wall':>10} | {'server peak':>11} | {'(idle)':>8} | "
+        header = (f"{'type':6} | {'ferry wall':>10} | {'no upload':>9} | {'hash':>5} | "
+                  f"{'server peak':>11} | {'(idle)':>8} | "
                   f"{'cli peak':>8} | {'mlx-lm wall':>11} | {'mlx-lm peak':>11} | "
                   f"{'wall x':>6} | {'rss x':>5}")
         rows = []
@@ -191,7 +206,8 @@ def main() -> int:
 
 
 def _row(qtype: str, ferry: dict[str, float], ref: dict[str, float] | None) -> str:
-    base = (f"{qtype:6} | {ferry['wall']:9.1f}s | {mib(ferry['server_peak']):>11} | "
+    base = (f"{qtype:6} | {ferry['wall']:9.1f}s | {ferry['no_upload']:8.1f}s | "
+            f"{ferry['hash']:4.1f}s | {mib(ferry['server_peak']):>11} | "
             f"{mib(ferry['server_idle']):>8} | {mib(ferry['cli_peak']):>8}")
     if ref is None:
         return base + f" | {'-':>11} | {'-':>11} | {'-':>6} | {'-':>5}"
