@@ -175,3 +175,21 @@ def test_plan_is_pure_and_follows_the_policy(make_checkpoint):
     assert quant["model.layers.0.self_attn.k_proj.weight"].name == "mxfp8"
     assert quant["model.layers.0.mlp.up_proj.weight"].name == "mxfp4"
     assert plan.parameter_count == sum(t.elements for t in inv.tensors.values())
+
+
+@pytest.mark.parametrize("dtype,tag", [("float16", mx.float16), ("float32", mx.float32)])
+def test_float16_and_float32_sources_keep_their_dtype_in_scales(store, make_checkpoint, dtype,
+                                                                 tag):
+    ckpt = make_checkpoint("llama", dtype=dtype)
+    _create(store, ckpt, "int4")
+    manifest, _ = read_model(store, "me/tiny")
+    by_name = {x.get("name"): x for x in manifest["layers"]}
+    name = "model.layers.1.self_attn.q_proj.weight"
+    arrays, metadata = _load_blob(store, by_name[name])
+    qtype = QuantType.from_metadata(metadata)
+    assert qtype is not None and arrays[f"{name}.scale"].dtype == tag
+    restored = dequantize(arrays[name], arrays[f"{name}.scale"], arrays[f"{name}.bias"], qtype)
+    source = _source_tensors(ckpt)[name].astype(mx.float32)
+    assert group_error(restored.astype(mx.float32), source, 64) < ERROR_BOUNDS["int4"]
+    norm, _ = _load_blob(store, by_name["model.norm.weight"])
+    assert norm["model.norm.weight"].dtype == tag
