@@ -22,6 +22,7 @@ from registry.digests import Digest, Hasher
 from registry.manifests import Descriptor
 
 _HASH_READ = 4 * 1024 * 1024
+_FLUSH_EVERY = 16 * 1024 * 1024
 
 
 @dataclass
@@ -146,7 +147,7 @@ class OrderedHasher:
 
     The download loop calls `wake()` after each write; `run()` reads whatever contiguous prefix
     is complete (from the page cache) and stops when the whole blob is hashed or `stop()` is
-    called. sha256 releases the GIL, so hashing overlaps the network.
+    called. sha256 releases the GIL, so hashing overlaps the network; so does flushing.
     """
 
     def __init__(self, path: Path, parts: list[Part], total: int) -> None:
@@ -174,8 +175,14 @@ class OrderedHasher:
     def run(self) -> tuple[Digest, int] | None:
         """The digest and size of the whole file, or None when stopped first."""
         hasher = Hasher()
+        flushed = 0
         with open(self.path, "rb", buffering=0) as fh:
             while hasher.size < self.total:
+                if hasher.size - flushed >= _FLUSH_EVERY:
+                    # Push hashed bytes to disk as we go, so the fsync before the rename does
+                    # not write the whole blob at the end (it overlaps the download instead).
+                    os.fdatasync(fh.fileno())
+                    flushed = hasher.size
                 if self._stopped:
                     return None
                 ready = self.available() - hasher.size
