@@ -34,10 +34,11 @@ from runner.chat_request import (
 )
 from runner.completion import (
     Calls,
+    ClientGone,
     CompletionJob,
     Item,
     Stats,
-    collect,
+    collect_while_connected,
     run_completion,
     start_stream,
 )
@@ -86,11 +87,15 @@ def _event(kind: str, model: str, item: Item) -> dict[str, Any]:
     return _piece(kind, model, item)
 
 
-async def _respond(kind: str, model: str, job: CompletionJob, stream: bool) -> Response:
+async def _respond(request: Request, kind: str, model: str, job: CompletionJob,
+                   stream: bool) -> Response:
     """Run the job; NDJSON pieces when streaming, else one object with the whole text."""
     items = run_completion(job)
     if not stream:
-        text, calls, stats = await collect(items)
+        try:
+            text, calls, stats = await collect_while_connected(items, request.is_disconnected)
+        except ClientGone:
+            return Response(status_code=499)  # nobody is listening; the runner has stopped
         return JSONResponse(_final(kind, model, stats, text, calls))
     first, rest = await start_stream(items)
 
@@ -146,7 +151,8 @@ async def generate(request: Request) -> Response:
     fmt = JSONFormat.parse(body.get("format"))
     runner_body = _generate_body(model, body, prompt, fmt)
     job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started)
-    return await _respond("response", shown, job, body.get("stream", True) is not False)
+    return await _respond(request, "response", shown, job,
+                          body.get("stream", True) is not False)
 
 
 def _generate_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
@@ -200,7 +206,8 @@ async def chat(request: Request) -> Response:
                                    fmt, body.get("truncate", True) is not False)
     job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started,
                         tool_names(body.get("tools")))
-    return await _respond("message", shown, job, body.get("stream", True) is not False)
+    return await _respond(request, "message", shown, job,
+                          body.get("stream", True) is not False)
 
 
 def chat_runner_body(model: ModelDefaults, messages: list[dict[str, Any]], options: Any,

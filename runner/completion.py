@@ -10,8 +10,9 @@ and offered `tools` make it buffer the answer and emit the calls in it (runner/t
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +143,28 @@ async def start_stream(items: AsyncIterator[Item]) -> tuple[Item | None, AsyncIt
     except StopAsyncIteration:
         return None, items
     return first, items
+
+
+class ClientGone(Exception):
+    """The client disconnected before a non-streaming answer was ready."""
+
+
+async def collect_while_connected(items: AsyncIterator[Item],
+                                  is_disconnected: Callable[[], Awaitable[bool]],
+                                  poll: float = 0.25) -> tuple[str, list[ToolCall], Stats]:
+    """`collect`, but a client that goes away cancels the generation (and frees the runner)."""
+    task = asyncio.ensure_future(collect(items))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll)
+            if done:
+                return task.result()
+            if await is_disconnected():
+                raise ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
 
 
 async def collect(items: AsyncIterator[Item]) -> tuple[str, list[ToolCall], Stats]:

@@ -24,10 +24,11 @@ from runner.chat_api import chat_messages, chat_runner_body
 from runner.chat_request import load_model_defaults, parse_name, refuse_unsupported
 from runner.completion import (
     Calls,
+    ClientGone,
     CompletionJob,
     Item,
     Stats,
-    collect,
+    collect_while_connected,
     run_completion,
     start_stream,
 )
@@ -170,7 +171,11 @@ async def chat_completions(request: Request) -> Response:
     base = {"id": f"chatcmpl-{secrets.token_hex(8)}", "created": int(time.time()),
             "model": body["model"], "system_fingerprint": "fp_ferry"}
     if not body.get("stream"):
-        text, calls, stats = await collect(run_completion(job))
+        try:
+            text, calls, stats = await collect_while_connected(run_completion(job),
+                                                               request.is_disconnected)
+        except ClientGone:
+            return Response(status_code=499)  # nobody is listening; the runner has stopped
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if calls:
             message["tool_calls"] = _tool_calls(calls, stream=False)

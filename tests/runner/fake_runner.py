@@ -34,6 +34,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--bad-json-first", type=int, default=0)
     p.add_argument("--state", default="")
     p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--log", default="", help="append 'done N' or 'cut N' per completion")
     return p.parse_args()
 
 
@@ -55,6 +56,12 @@ def next_request_number() -> int:
         count = int(path.read_text() or 0) if path.exists() else 0
         path.write_text(str(count + 1))
     return count
+
+
+def record(line: str) -> None:
+    if ARGS.log:
+        with open(ARGS.log, "a") as log:
+            log.write(line + "\n")
 
 
 def pieces(body: dict) -> list[str]:
@@ -111,12 +118,20 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         out = pieces(body)
-        for piece in out:
-            time.sleep(ARGS.token_delay)
-            self.chunk({"content": piece, "done": False})
-        self.chunk({"content": "", "done": True, "done_reason": "stop", "prompt_eval_count": 7,
-                    "prompt_eval_duration": 1000, "eval_count": len(out), "eval_duration": 2000})
-        self.wfile.write(b"0\r\n\r\n")
+        sent = 0
+        try:
+            for piece in out:
+                time.sleep(ARGS.token_delay)
+                self.chunk({"content": piece, "done": False})
+                sent += 1
+            self.chunk({"content": "", "done": True, "done_reason": "stop", "eval_count": sent,
+                        "prompt_eval_count": 7, "prompt_eval_duration": 1000,
+                        "eval_duration": 2000})
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            record(f"cut {sent}")  # the client went away: stop generating, as the real runner
+            return
+        record(f"done {sent}")
 
     def chunk(self, obj: dict) -> None:
         data = (json.dumps(obj) + "\n").encode()

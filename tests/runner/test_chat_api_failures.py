@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import signal
+import time
 
 import httpx
 import psutil
@@ -119,3 +120,19 @@ def test_tool_calls_in_the_answer_come_back_as_tool_calls(fake_server):
         streamed = list(api.chat.completions.create(model="me/tiny", messages=question,
                                                     tools=WEATHER, stream=True))
         assert streamed[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("path", ["/api/generate", "/v1/chat/completions"])
+def test_a_client_that_gives_up_on_a_non_streaming_answer_stops_the_generation(
+        fake_server, tmp_path, path):
+    log = tmp_path / "completions.log"
+    body = {"model": "me/tiny", "prompt": "hi", "stream": False,
+            "messages": [{"role": "user", "content": "hi"}]}
+    with fake_server("--token-delay", "0.1", "--tokens", "200", "--log", str(log)) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}{path}", json=body, timeout=httpx.Timeout(60, read=2.0))
+        deadline = time.monotonic() + 30
+        while not log.exists() or not log.read_text():
+            assert time.monotonic() < deadline, "the runner never finished or stopped"
+            time.sleep(0.1)
+        assert log.read_text().startswith("cut "), log.read_text()
