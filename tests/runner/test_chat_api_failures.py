@@ -136,3 +136,18 @@ def test_a_client_that_gives_up_on_a_non_streaming_answer_stops_the_generation(
             assert time.monotonic() < deadline, "the runner never finished or stopped"
             time.sleep(0.1)
         assert log.read_text().startswith("cut "), log.read_text()
+
+
+def test_a_client_that_closes_a_stream_stops_the_generation(fake_server, tmp_path):
+    log = tmp_path / "completions.log"
+    with fake_server("--token-delay", "0.1", "--tokens", "200", "--log", str(log)) as url, \
+            httpx.Client(base_url=url, timeout=60) as client:
+        lines = stream_lines(client, "/api/chat", {
+            "model": "me/tiny", "messages": [{"role": "user", "content": "hi"}]})
+        assert next(lines)["message"]["content"] == "tok0 "
+        lines.close()
+        deadline = time.monotonic() + 30
+        while not log.exists() or not log.read_text():
+            assert time.monotonic() < deadline, "the runner never finished or stopped"
+            time.sleep(0.1)
+        assert log.read_text().startswith("cut "), log.read_text()
