@@ -94,9 +94,10 @@ def ferry(*args: str) -> list[str]:
 
 def test_one_shot_prints_the_answer(served):
     expected = answer(served, [{"role": "user", "content": "hello there"}])
-    term = Terminal(ferry("run", served.model, "hello", "there"), cli_env(served))
+    term = Terminal(ferry("run", "--verbose", served.model, "hello", "there"), cli_env(served))
     assert term.wait() == 0
     assert expected.strip() and expected.strip() in term.output
+    assert re.search(r"eval count:\s+[1-8] token\(s\)", term.output)  # --verbose timings
 
 
 def test_interactive_chat_keeps_history_and_reads_multi_line_input(served):
