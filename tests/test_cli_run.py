@@ -123,6 +123,29 @@ def test_interactive_chat_keeps_history_and_reads_multi_line_input(served):
     assert term.wait() == 0
 
 
+def test_interactive_set_commands_shape_the_next_request(served):
+    term = Terminal(ferry("run", served.model), cli_env(served))
+    term.expect(">>> ")
+    term.send("/set system Answer in one word.")
+    assert "Set system message." in term.expect(">>> ")
+    term.send("/set parameter num_predict 3")
+    assert "Set parameter 'num_predict' to '3'" in term.expect(">>> ")
+    term.send("hello there")
+    reply = term.expect(">>> ")
+    response = httpx.post(f"{served.url}/api/chat", timeout=120, json={
+        "model": served.model, "stream": False, "options": {"num_predict": 3},
+        "messages": [{"role": "system", "content": "Answer in one word."},
+                     {"role": "user", "content": "hello there"}]}).json()
+    assert response["eval_count"] <= 3
+    assert response["message"]["content"].strip() in reply
+    without_system = httpx.post(f"{served.url}/api/chat", timeout=120, json={
+        "model": served.model, "stream": False, "options": {"num_predict": 3},
+        "messages": [{"role": "user", "content": "hello there"}]}).json()
+    assert without_system["message"]["content"] != response["message"]["content"]
+    term.send("/bye")
+    assert term.wait() == 0
+
+
 def test_ps_and_stop(served):
     env = cli_env(served)
     answer(served, [{"role": "user", "content": "warm up"}])

@@ -25,9 +25,12 @@ from ferry.progress import show_progress
 from runner.scheduler import runner_env
 
 HELP = """Available Commands:
-  /clear          Clear session context
-  /bye            Exit
-  /?, /help       Help for a command
+  /set system <text>             Set the system message
+  /set parameter <name> <value>  Set an option, e.g. /set parameter temperature 0.2
+  /set verbose | quiet           Show or hide timings after each answer
+  /clear                         Clear session context
+  /bye                           Exit
+  /?, /help                      Help for a command
 
 Use \"\"\" to begin a multi-line message.
 """
@@ -63,6 +66,8 @@ class Chat:
         self.model = args.model
         self.verbose = args.verbose
         self.messages: list[dict[str, Any]] = []
+        self.system: str | None = None
+        self.options: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
         if args.keepalive is not None:
             self.extra["keep_alive"] = args.keepalive
@@ -77,7 +82,11 @@ class Chat:
     def send(self, text: str) -> str:
         """Stream the answer to `text` onto stdout; the exchange joins the history."""
         request = [*self.messages, {"role": "user", "content": text}]
-        body = {"model": self.model, "messages": request, "stream": True, **self.extra}
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        body = {"model": self.model, "messages": [*system, *request], "stream": True,
+                **self.extra}
+        if self.options:
+            body["options"] = self.options
         answer, final = "", {}
         for event in self.client.stream("/api/chat", body):
             piece = (event.get("message") or {}).get("content") or ""
@@ -191,11 +200,43 @@ def handle_command(chat: Chat, command: str) -> bool:
     if word == "/clear":
         chat.messages = []
         print("Cleared session context")
+    elif word == "/set":
+        set_command(chat, command.split(None, 2)[1:])
     elif word in ("/?", "/help"):
         print(HELP)
     else:
         print(f"Unknown command '{word}'. Type /? for help")
     return False
+
+
+def set_command(chat: Chat, words: list[str]) -> None:
+    """`/set system <text>`, `/set parameter <name> <value>`, `/set verbose|quiet`."""
+    what, rest = [*words, "", ""][:2]
+    if what == "system" and rest:
+        chat.system = rest
+        print("Set system message.")
+    elif what == "parameter" and len(rest.split()) == 2:
+        name, raw = rest.split()
+        value = _parameter_value(raw)
+        if name == "stop":
+            chat.options.setdefault("stop", []).append(raw)
+        else:
+            chat.options[name] = value
+        print(f"Set parameter '{name}' to '{raw}'")
+    elif what in ("verbose", "quiet"):
+        chat.verbose = what == "verbose"
+        print(f"Set '{what}' mode.")
+    else:
+        print("Usage: /set system <text> | /set parameter <name> <value> | /set verbose|quiet")
+
+
+def _parameter_value(raw: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            continue
+    return raw
 
 
 # -- autostart -------------------------------------------------------------------------------------
