@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from registry.errors import FerryError
@@ -81,7 +82,7 @@ def build_registry_app(
     app = Starlette(
         routes=oci.routes,
         exception_handlers={RegistryError: handle_error, FerryError: handle_error,
-                            Exception: handle_error},
+                            ClientDisconnect: handle_error, Exception: handle_error},
         middleware=[],
         lifespan=lifespan,
     )

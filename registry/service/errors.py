@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from registry.errors import (
@@ -88,6 +88,8 @@ def from_domain(exc: BaseException) -> RegistryError:
         return exc
     message = exc.message if isinstance(exc, FerryError) else "internal error"
     match exc:
+        case ClientDisconnect():
+            return RegistryError("BLOB_UPLOAD_INVALID", "the client disconnected mid-request")
         case InvalidDigest() | DigestMismatch():
             return RegistryError("DIGEST_INVALID", message)
         case InvalidName():

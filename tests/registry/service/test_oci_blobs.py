@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -226,3 +227,31 @@ async def test_ollama_transfer_style_upload(client: httpx.AsyncClient) -> None:
     assert r.status_code == 201
     r = await client.post("/v2/library/model/blobs/uploads/", params={"digest": digest})
     assert r.status_code == 201  # the next push finds it already there
+
+
+async def test_a_chunk_cut_off_by_a_disconnect_can_be_resumed(
+    client: httpx.AsyncClient, registry_url: str,
+) -> None:
+    data = os.urandom(2 * 1024 * 1024)
+    location = (await client.post(f"/v2/{REPO}/blobs/uploads/")).headers["Location"]
+    host, port = registry_url.removeprefix("http://").split(":")
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write((f"PATCH {location} HTTP/1.1\r\nHost: {host}\r\n"
+                  f"Content-Type: application/octet-stream\r\n"
+                  f"Content-Range: 0-{len(data) - 1}\r\nContent-Length: {len(data)}\r\n\r\n"
+                  ).encode() + data[:1024 * 1024])
+    await writer.drain()
+    writer.close()  # gone halfway through the chunk
+    await writer.wait_closed()
+    for _ in range(100):  # the server notices the disconnect on its own schedule
+        r = await client.get(location)
+        if r.status_code == 204 and r.headers["Range"] == f"0-{1024 * 1024 - 1}":
+            break
+        await asyncio.sleep(0.05)
+    received = int(r.headers["Range"].split("-")[1]) + 1
+    assert received == 1024 * 1024
+    r = await client.patch(location, content=data[received:],
+                           headers={"Content-Range": f"{received}-{len(data) - 1}"})
+    assert r.status_code == 202
+    r = await client.put(location, params={"digest": sha(data)})
+    assert r.status_code == 201, r.text
