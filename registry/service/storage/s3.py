@@ -9,6 +9,7 @@ blocking boto3, so each runs on a worker thread. Replicas share nothing but the 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -144,10 +145,12 @@ class S3Store:
         if stat is not None and not await self._is_segmented(key):
             # a plain object becomes the first segment, so segments alone describe the key
             await self._call(self.client.copy_object, Bucket=self.bucket,
-                             Key=f"{self._key(key)}{SEGMENTS}/{0:020d}",
+                             Key=f"{self._key(key)}{SEGMENTS}/{0:020d}-0",
                              CopySource={"Bucket": self.bucket, "Key": self._key(key)})
             await self._call(self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
-        segment = f"{self._key(key)}{SEGMENTS}/{offset:020d}"
+        # A unique suffix: two replicas appending at once both keep their bytes (a history log
+        # stays whole; an upload raced that way fails its digest check instead of losing data).
+        segment = f"{self._key(key)}{SEGMENTS}/{offset:020d}-{uuid.uuid4().hex[:12]}"
         return await self._upload(segment, chunks)
 
     async def _upload(self, full_key: str, chunks: AsyncIterable[bytes]) -> int:

@@ -75,6 +75,13 @@ async def test_append_keeps_bytes_received_before_a_failure(store: BlobStore) ->
     assert await store.get("s/data") == b"kept"
 
 
+async def test_concurrent_small_appends_keep_every_line_whole(store: BlobStore) -> None:
+    lines = [f"{i:04d} sha256:{'ab' * 32}\n".encode() for i in range(16)]
+    await asyncio.gather(*(store.append("log", chunks(line)) for line in lines))
+    got = (await store.get("log")).splitlines(keepends=True)
+    assert sorted(got) == lines
+
+
 async def test_commit_publishes_staged_bytes_and_removes_the_staging_key(store: BlobStore) -> None:
     await store.append("staging/x", chunks(b"payload"))
     await store.commit("published/deep/x", "staging/x")
