@@ -79,4 +79,5 @@ def registry_store(settings: Settings) -> BlobStore:
     from registry.service.storage.s3 import S3Store
 
     client = boto3.client("s3", config=Config(max_pool_connections=32))
-    return S3Store(client, settings.registry_s3_bucket, settings.registry_s3_prefix)
+    return S3Store(client, settings.registry_s3_bucket, settings.registry_s3_prefix,
+                   redirect_ttl=settings.registry_s3_redirect_ttl)

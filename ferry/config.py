@@ -91,6 +91,7 @@ class Settings:
     upload_session_ttl: float = 24 * 3600.0
     registry_s3_bucket: str = ""  # set: store in this S3 bucket instead of registry_root
     registry_s3_prefix: str = ""
+    registry_s3_redirect_ttl: int = 0  # > 0: blob GETs redirect to presigned S3 URLs
     # transfers
     max_transfer_streams: int = 8
     # create
@@ -142,6 +143,7 @@ class Settings:
             upload_session_ttl=_duration(env, "FERRY_REGISTRY_UPLOAD_TTL", 24 * 3600.0),
             registry_s3_bucket=env.get("FERRY_REGISTRY_S3_BUCKET", "").strip(),
             registry_s3_prefix=env.get("FERRY_REGISTRY_S3_PREFIX", "").strip(),
+            registry_s3_redirect_ttl=_int(env, "FERRY_REGISTRY_S3_REDIRECT_TTL", 0),
             max_transfer_streams=_int(env, "FERRY_MAX_TRANSFER_STREAMS", 8, minimum=1),
             keep_alive=_duration(env, "FERRY_KEEP_ALIVE", 300.0),
             load_timeout=_duration(env, "FERRY_LOAD_TIMEOUT", 300.0),

@@ -30,9 +30,13 @@ def _missing(exc: ClientError) -> bool:
 
 
 class S3Store:
-    def __init__(self, client: Any, bucket: str, prefix: str = "", workers: int = 32) -> None:
+    def __init__(self, client: Any, bucket: str, prefix: str = "", workers: int = 32,
+                 redirect_ttl: int = 0) -> None:
+        """`redirect_ttl` > 0: blob GETs answer 307 to a presigned URL valid that many seconds,
+        so bytes flow from S3 to the client, not through the registry."""
         self.client = client
         self.bucket = bucket
+        self.redirect_ttl = redirect_ttl
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="ferry-s3")
 
@@ -235,4 +239,9 @@ class S3Store:
         return sorted({n.removesuffix(SEGMENTS) for n in names if n and ".tmp-" not in n})
 
     def redirect_url(self, key: str) -> str | None:
-        return None
+        if self.redirect_ttl <= 0:
+            return None
+        url: str = self.client.generate_presigned_url(  # signs locally, no request
+            "get_object", Params={"Bucket": self.bucket, "Key": self._key(key)},
+            ExpiresIn=self.redirect_ttl)
+        return url

@@ -76,3 +76,23 @@ async def test_serve_and_gc_use_the_bucket_named_in_settings(
     with serve_app(build_registry_app(store=s3_store(s3_server, store.bucket))) as url:
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
             assert (await c.get(f"/v2/{REPO}/manifests/kept")).content == raw
+
+
+async def test_blob_gets_redirect_to_presigned_s3_urls_when_enabled(s3_server: str) -> None:
+    store = s3_store(s3_server)
+    store.redirect_ttl = 300
+    data = os.urandom(100_000)
+    with serve_app(build_registry_app(store=store)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            r = await c.post(f"/v2/{REPO}/blobs/uploads/", params={"digest": sha(data)},
+                             content=data)
+            assert r.status_code == 201
+            r = await c.get(f"/v2/{REPO}/blobs/{sha(data)}")
+            assert r.status_code == 307
+            assert r.headers["Location"].startswith(s3_server)
+            assert r.headers["Docker-Content-Digest"] == sha(data)
+            async with httpx.AsyncClient(timeout=60) as anonymous:  # no registry credentials
+                fetched = await anonymous.get(r.headers["Location"])
+            assert fetched.status_code == 200 and fetched.content == data
+            head = await c.head(f"/v2/{REPO}/blobs/{sha(data)}")
+            assert head.status_code == 200 and head.headers["Content-Length"] == str(len(data))
