@@ -41,6 +41,7 @@ class TransferOptions:
     part_max: int = 1000 * MB
     parts_target: int = 16
     chunk_size: int = 100 * MB
+    small_blob_max: int = 4 * 1024 * 1024  # fetched whole into memory, no part state
     checkpoint_bytes: int = 16 * 1024 * 1024
     stall_timeout: float = 30.0
     max_manifest_bytes: int = 4 * 1024 * 1024

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -63,6 +63,27 @@ async def pull(model: str, store: Store, options: TransferOptions, report: Progr
         report(progress("removing unused layers"))
         await asyncio.to_thread(store.remove_unused_after_replace, previous)
     report(progress("success"))
+
+
+_claims: dict[tuple[int, str, Digest], tuple[asyncio.Lock, int]] = {}
+
+
+@contextlib.asynccontextmanager
+async def _claim(store: Store, digest: Digest) -> AsyncIterator[None]:
+    """One download per blob per store at a time: two pulls sharing a blob (or the same model
+    pulled twice at once) must not write the same `-partial` file together."""
+    key = (id(asyncio.get_running_loop()), str(store.root), digest)
+    lock, users = _claims.get(key, (asyncio.Lock(), 0))
+    _claims[key] = (lock, users + 1)
+    try:
+        async with lock:
+            yield
+    finally:
+        lock, users = _claims[key]
+        if users == 1:
+            del _claims[key]
+        else:
+            _claims[key] = (lock, users - 1)
 
 
 def _current_manifest(store: Store, name: Name) -> bytes | None:
@@ -139,12 +160,15 @@ class BlobPull:
             self.report(progress(self.status, str(self.desc.digest), self.desc.size, done))
 
     async def run(self, slots: asyncio.Semaphore) -> None:
-        async with slots:
-            await self._run()
+        async with slots, _claim(self.store, self.desc.digest):
+            await self._run()  # a second pull of this blob waits, then finds it present
 
     async def _run(self) -> None:
         if await asyncio.to_thread(self._already_present):
             self._progress(force=True)
+            return
+        if self.desc.size <= self.client.options.small_blob_max:
+            await self._fetch_small()
             return
         partial = PartialBlob(self.store.blobs_dir, self.desc)
         size = self.client.options.part_size(self.desc.size)
@@ -163,6 +187,34 @@ class BlobPull:
             partial.close()
         self._progress(force=True)
         await asyncio.to_thread(self._publish, partial, result)
+
+    async def _fetch_small(self) -> None:
+        """A small blob: one GET into memory, verified and written once (no part state)."""
+        part = Part(0, 0, self.desc.size)
+        self.parts = [part]
+        self._progress(force=True)
+        data = await self.client.options.retry.run(self.status, lambda _n: self._get_small())
+        await asyncio.to_thread(self.store.write_blob_bytes, data, self.desc.digest)
+        part.completed = part.size
+        self._progress(force=True)
+
+    async def _get_small(self) -> bytes:
+        async with self.streams:
+            reply = await self.client.request("GET", self.client.url(f"blobs/{self.desc.digest}"),
+                                              headers={"Accept-Encoding": "identity"})
+            try:
+                body = bytearray()
+                async for chunk in reply.response.aiter_raw():
+                    body += chunk
+                    if len(body) > self.desc.size:
+                        raise TransferError(f"{self.status}: the registry sent more bytes "
+                                            f"than the manifest's {self.desc.size}")
+            finally:
+                await reply.aclose()
+        if len(body) < self.desc.size:
+            raise ShortRead(f"{self.status}: the body ended {self.desc.size - len(body)} bytes "
+                            "early")
+        return bytes(body)
 
     def _already_present(self) -> bool:
         path = self.store.blob_path(self.desc.digest)

@@ -46,6 +46,7 @@ def fast_options(home: Path, **changes: object) -> TransferOptions:
         "part_min": 64 * 1024,
         "part_max": 256 * 1024,
         "chunk_size": 64 * 1024,
+        "small_blob_max": 8 * 1024,
         "checkpoint_bytes": 64 * 1024,
         "progress_interval": 0.0,
         "retry": RetryPolicy(attempts=6, initial=0.01, cap=0.05),

@@ -143,7 +143,7 @@ def test_a_client_disconnect_stops_the_pull_and_keeps_its_partial_blob(
         app = build_model_server(settings)
         fast = fast_options(settings.home)
         app.state.transfer_overrides = {k: getattr(fast, k) for k in (
-            "part_min", "part_max", "checkpoint_bytes", "retry")}
+            "part_min", "part_max", "checkpoint_bytes", "retry", "small_blob_max")}
         cdn.delay = 0.05
         with serve_app(app) as url, httpx.Client(base_url=url, timeout=60) as http:
             with http.stream("POST", "/api/pull", json={"model": name, "insecure": True}) as r:

@@ -99,16 +99,17 @@ async def test_a_cdn_on_a_loopback_address_is_refused_without_insecure(
     assert target.read_manifest(Name.parse(name)) == raw
 
 
+@pytest.mark.parametrize("small_blob_max", [0, 4 * MiB], ids=["parts", "whole"])
 async def test_a_wrong_blob_fails_the_pull_and_nothing_is_stored(
-        tmp_path: Path, source: Store, target: Store) -> None:
+        tmp_path: Path, source: Store, target: Store, small_blob_max: int) -> None:
     with registry_with_cdn(tmp_path, source) as (host, cdn, _log):
         name = f"{host}/ns/model:v1"
         raw = await _publish(source, name, [600 * 1024], tmp_path)
         layer = parse_manifest(raw).layers[0]
         cdn.corrupt.add(str(layer.digest))
+        options = fast_options(tmp_path / "c", insecure=True, small_blob_max=small_blob_max)
         with pytest.raises(DigestMismatch):
-            await pull(name, target, fast_options(tmp_path / "c", insecure=True),
-                       lambda e: None)
+            await pull(name, target, options, lambda e: None)
     assert not target.has_blob(layer.digest)
     assert not target.manifest_path(Name.parse(name)).exists()
     assert _partials(target) == []
@@ -253,5 +254,19 @@ async def test_a_stalled_body_is_retried_after_the_stall_timeout(
         await pull(name, target, options, lambda e: None)
         layer_requests = [r for r in cdn.requests if "range" in r]
     assert target.read_manifest(Name.parse(name)) == raw
-    assert len(layer_requests) >= 3  # the config, the stalled body, and its resumption
+    assert len(layer_requests) >= 2  # the stalled body, and its resumption
     assert any(not r["range"].startswith("bytes=0-") for r in layer_requests)
+
+
+async def test_two_pulls_of_one_model_at_once_download_each_blob_once(
+        tmp_path: Path, source: Store, target: Store) -> None:
+    with registry_with_cdn(tmp_path, source) as (host, cdn, _log):
+        name = f"{host}/ns/model:v1"
+        raw = await _publish(source, name, [MiB, 2000], tmp_path)
+        cdn.delay = 0.002
+        options = fast_options(tmp_path / "c", insecure=True)
+        await asyncio.gather(pull(name, target, options, lambda e: None),
+                             pull(name, target, options, lambda e: None))
+    assert cdn.bytes_served == parse_manifest(raw).total_size
+    assert target.read_manifest(Name.parse(name)) == raw
+    assert _partials(target) == []
