@@ -187,6 +187,8 @@ class BlobPush:
                     raise RegistryError(0, f"blob {self.desc.digest} shrank while pushing")
                 position += len(data)
                 yield data
+                self.sent = position  # sent, not yet acknowledged: a failed chunk rewinds it
+                self._progress()
 
     async def _finish(self, location: httpx.URL) -> None:
         url = location.copy_merge_params({"digest": str(self.desc.digest)})

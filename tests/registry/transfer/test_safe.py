@@ -197,3 +197,21 @@ def _session(registry: str, ca_file: str, insecure: bool) -> SafeSession:
 
     policy = RedirectPolicy(httpx.URL(registry), insecure, StaticResolver({}))
     return SafeSession(policy, build_ssl_context(ca_file))
+
+
+async def test_a_resolver_error_is_a_refusal_and_localhost_never_reaches_dns() -> None:
+    from registry.transfer.safe import DnsResolver, ResolveError
+
+    class Broken:
+        async def resolve(self, host: str):
+            raise ResolveError("SERVFAIL")
+
+    policy = RedirectPolicy(httpx.URL("https://registry.example"), True, Broken())
+    with pytest.raises(RedirectRefused, match="could not resolve cdn.example: SERVFAIL"):
+        await check_hop(httpx.URL("https://cdn.example/x"), policy, HopChain(1))
+    # RFC 6761: localhost is answered locally (no query leaves the machine), and is loopback.
+    addresses = await DnsResolver().resolve("localhost")
+    assert {str(a) for a in addresses} == {"127.0.0.1", "::1"}
+    strict = RedirectPolicy(httpx.URL("https://registry.example"), False, DnsResolver())
+    with pytest.raises(RedirectRefused, match="loopback address"):
+        await check_hop(httpx.URL("https://localhost:8443/x"), strict, HopChain(1))
