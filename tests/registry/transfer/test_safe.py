@@ -207,7 +207,7 @@ async def test_a_resolver_error_is_a_refusal_and_localhost_never_reaches_dns() -
             raise ResolveError("SERVFAIL")
 
     policy = RedirectPolicy(httpx.URL("https://registry.example"), True, Broken())
-    with pytest.raises(RedirectRefused, match="could not resolve cdn.example: SERVFAIL"):
+    with pytest.raises(RedirectRefused, match=r"could not resolve cdn\.example: SERVFAIL"):
         await check_hop(httpx.URL("https://cdn.example/x"), policy, HopChain(1))
     # RFC 6761: localhost is answered locally (no query leaves the machine), and is loopback.
     addresses = await DnsResolver().resolve("localhost")
