@@ -158,3 +158,27 @@ def test_a_client_disconnect_stops_the_pull_and_keeps_its_partial_blob(
     assert served < 4 * 1024 * 1024
     assert not store.manifest_path(Name.parse(name)).exists()
     assert any("-partial" in f for f in store_files(store))  # kept for the next attempt
+
+
+def test_ssl_cert_file_lets_the_model_server_trust_a_private_registry(tmp_path: Path) -> None:
+    from conftest import serve_app
+
+    from ferry.app import build_model_server
+    from ferry.config import Settings
+    from registry.service.app import build_registry_app
+
+    from .tls import tls_server
+
+    with tls_server(build_registry_app(tmp_path / "reg"), "127.0.0.1", tmp_path) as (reg, ca):
+        settings = Settings.from_env({"FERRY_HOME": str(tmp_path / "home"), "SSL_CERT_FILE": ca})
+        store = Store(settings.models_dir)
+        name = f"{reg.removeprefix('https://')}/ns/private:v1"
+        raw = make_model(store, name, [10_000])
+        with serve_app(build_model_server(settings)) as url, \
+                httpx.Client(base_url=url, timeout=60) as http:
+            pushed = http.post("/api/push", json={"model": name, "stream": False})
+            assert pushed.json() == {"status": "success"}
+            store.delete_model(Name.parse(name))
+            pulled = http.post("/api/pull", json={"model": name, "stream": False})
+            assert pulled.json() == {"status": "success"}
+    assert store.read_manifest(Name.parse(name)) == raw
