@@ -160,7 +160,7 @@ def build_model(config: dict[str, Any]) -> tuple[nn.Module, Any]:
         module = get_model_module(str(model_type))
     except ValueError as exc:
         raise LoadError(str(exc)) from exc
-    return module.Model(module.ModelArgs.from_dict(config)), module
+    return module.Model(module.ModelArgs.from_dict({**config, "model_type": model_type})), module
 
 
 def load_model(store: Store, name: str, compute: str = "auto",
