@@ -51,6 +51,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from ferry.app import build_registry_app
+    from registry.service.app import BulkHttpProtocol
 
     settings = _with_flags(args, settings)
     app = build_registry_app(settings)
@@ -60,8 +61,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
           f"storing in {where}", flush=True)
     uvicorn.run(app, host=settings.registry_host, port=settings.registry_port,
                 log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-                http="httptools",
-                loop="uvloop")
+                http=BulkHttpProtocol, loop="uvloop")
     return 0
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from registry.errors import FerryError
 from registry.service import oci
@@ -48,6 +49,20 @@ class APIVersionHeader:
             await send(message)
 
         await self.app(scope, receive, send_with_header)
+
+
+class BulkHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with deeper write buffers.
+
+    By default a transport pauses the response at 64 KiB buffered and resumes at 16 KiB, so a
+    blob GET on a connection whose kernel send buffer is still small (one that just carried a
+    big upload) stalls on every refill while Python wakes up. Pausing at 2 MiB and resuming at
+    512 KiB keeps bytes queued through those wake-ups; only large bodies ever fill it.
+    """
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        transport.set_write_buffer_limits(high=2 * 1024 * 1024, low=512 * 1024)
 
 
 def build_registry_app(
