@@ -40,6 +40,14 @@ def _partials(store: Store) -> list[str]:
     return [f for f in store_files(store) if "-partial" in f]
 
 
+async def _quiesce(cdn) -> None:
+    """Wait until the CDN has stopped sending to the dead client, so counts start clean."""
+    deadline = time.monotonic() + 30
+    while cdn.active:
+        assert time.monotonic() < deadline, "the CDN kept sending to a closed connection"
+        await asyncio.sleep(0.01)
+
+
 def _saved_completed(store: Store) -> dict[str, int]:
     """Bytes each partial blob's part states say are on disk."""
     done: dict[str, int] = {}
@@ -134,7 +142,9 @@ async def test_cancelled_pull_resumes_without_refetching_bytes_on_disk(
             target.blob_size(d.digest) for d in parse_manifest(raw).references()
             if target.has_blob(d.digest))
         assert saved and 0 < on_disk < total
-        cdn.bytes_served, cdn.delay = 0, 0.0
+        cdn.delay = 0.0
+        await _quiesce(cdn)
+        cdn.bytes_served = 0
         await pull(name, target, options, lambda e: None)
     assert cdn.bytes_served == total - on_disk
     assert target.read_manifest(Name.parse(name)) == raw
@@ -178,7 +188,9 @@ async def test_pull_killed_with_sigkill_resumes_from_its_part_states(
             target.blob_size(d.digest) for d in parse_manifest(raw).references()
             if target.has_blob(d.digest))
         assert saved and 0 < on_disk < total
-        cdn.bytes_served, cdn.delay = 0, 0.0
+        cdn.delay = 0.0
+        await _quiesce(cdn)
+        cdn.bytes_served = 0
         await pull(name, target, fast_options(tmp_path / "c", insecure=True), lambda e: None)
     assert cdn.bytes_served == total - on_disk
     assert target.read_manifest(Name.parse(name)) == raw
