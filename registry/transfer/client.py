@@ -23,7 +23,7 @@ from registry.transfer.errors import (
     TransferError,
     TransientStatus,
 )
-from registry.transfer.retry import RetryPolicy, parse_retry_after
+from registry.transfer.retry import RetryPolicy, caused_by_tls, parse_retry_after
 from registry.transfer.safe import DnsResolver, RedirectPolicy, Resolver
 from registry.transfer.session import Body, Reply, SafeSession, build_ssl_context
 
@@ -104,8 +104,15 @@ class RegistryClient:
         """Send with auth; return the (unread) reply if its status is in `ok`, else raise."""
         for attempt in (1, 2):
             stale = self.auth.header
-            reply = await self.session.send(method, url, headers=headers, content=content,
-                                             authorization=stale)
+            try:
+                reply = await self.session.send(method, url, headers=headers, content=content,
+                                                 authorization=stale)
+            except httpx.ConnectError as exc:
+                if caused_by_tls(exc, "WRONG_VERSION_NUMBER"):
+                    raise TransferError(f"{httpx.URL(url).netloc.decode()} does not speak https; "
+                                        "pass --insecure for a plain-http private registry"
+                                        ) from exc
+                raise
             if reply.status != 401:
                 break
             challenge = reply.response.headers.get("www-authenticate", "")

@@ -36,15 +36,17 @@ class ShortRead(TransferError):
 
 
 def is_transient(exc: BaseException) -> bool:
-    if _caused_by_certificate(exc):
-        return False  # an untrusted certificate will not become trusted by retrying
+    if caused_by_tls(exc):
+        return False  # an untrusted certificate or a non-TLS peer will not change on retry
     return isinstance(exc, httpx.TransportError | TransientStatus | ShortRead)
 
 
-def _caused_by_certificate(exc: BaseException | None) -> bool:
+def caused_by_tls(exc: BaseException | None, marker: str = "") -> bool:
+    """Whether a TLS failure (optionally one whose text holds `marker`) caused `exc`."""
     seen = 0
     while exc is not None and seen < 10:
-        if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        text = str(exc)
+        if (isinstance(exc, ssl.SSLError) or "[SSL" in text) and marker in text:
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False

@@ -90,6 +90,10 @@ def test_cli_push_and_pull_round_trip_and_failure_exit_status(
     capsys.readouterr()
     assert main(["pull", "--insecure", f"{registry_host}/ns/absent:v1"]) == 1
     assert "Error: pull model manifest: file does not exist" in capsys.readouterr().err
+    # Without --insecure the registry is spoken to over https, which it does not speak: a clear
+    # error at once, not six retries of a TLS handshake.
+    assert main(["pull", name]) == 1
+    assert "does not speak https; pass --insecure" in capsys.readouterr().err
 
 
 def test_https_registry_with_a_private_ca(tmp_path: Path, store: Store) -> None:
