@@ -186,3 +186,20 @@ def test_ssl_cert_file_lets_the_model_server_trust_a_private_registry(tmp_path: 
             pulled = http.post("/api/pull", json={"model": name, "stream": False})
             assert pulled.json() == {"status": "success"}
     assert store.read_manifest(Name.parse(name)) == raw
+
+
+def test_the_official_ollama_client_pushes_and_pulls_through_ferry(
+        model_server: str, store: Store, registry_host: str) -> None:
+    import ollama
+
+    name = f"{registry_host}/ns/interop:v1"
+    raw = make_model(store, name, [50_000])
+    client = ollama.Client(host=model_server)
+    statuses = [p.status for p in client.push(name, insecure=True, stream=True)]
+    assert statuses[0] == "retrieving manifest" and statuses[-1] == "success"
+    store.delete_model(Name.parse(name))
+    last = client.pull(name, insecure=True, stream=False)
+    assert last.status == "success"
+    assert store.read_manifest(Name.parse(name)) == raw
+    with pytest.raises(ollama.ResponseError, match="file does not exist"):
+        client.pull(f"{registry_host}/ns/absent:v1", insecure=True, stream=False)
