@@ -114,7 +114,8 @@ class Uploads:
     ) -> None:
         hasher = await self._hasher(repo, upload_id, offset)
         try:
-            await self.store.append(paths.upload_data(repo, upload_id), _tee(body, hasher))
+            await self.store.append(paths.upload_data(repo, upload_id), _nonempty(body),
+                                    observe=hasher.update)
         finally:
             stat = await self.store.stat(paths.upload_data(repo, upload_id))
             if stat is None or stat.size != hasher.size:
@@ -196,8 +197,7 @@ class Uploads:
         return newest
 
 
-async def _tee(body: AsyncIterable[bytes], hasher: Hasher) -> AsyncIterator[bytes]:
+async def _nonempty(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
     async for chunk in body:
         if chunk:
-            hasher.update(chunk)
             yield chunk

@@ -7,7 +7,7 @@ the one conformance suite in `tests/registry/service/test_storage.py`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,11 +39,15 @@ class BlobStore(Protocol):
     async def put(self, key: str, data: bytes) -> None:
         """Store a small object atomically: readers see the old bytes or the new, never a mix."""
 
-    async def append(self, key: str, chunks: AsyncIterable[bytes]) -> int:
+    async def append(
+        self, key: str, chunks: AsyncIterable[bytes],
+        observe: Callable[[bytes], object] | None = None,
+    ) -> int:
         """Append a stream to the object at `key` (created empty if absent); return bytes written.
 
-        For staging uploads only. The bytes written before a failure stay, so the caller learns
-        the new size from `stat` and can resume from there.
+        For staging uploads and logs. `observe` sees every appended byte, in order, possibly on a
+        worker thread (so a hasher runs beside the event loop, not on it). The bytes written
+        before a failure stay, so the caller learns the new size from `stat` and resumes there.
         """
 
     async def commit(self, key: str, staged: str) -> None:

@@ -13,7 +13,7 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -117,7 +117,10 @@ class FilesystemStore:
                 os.unlink(tmp)
             raise
 
-    async def append(self, key: str, chunks: AsyncIterable[bytes]) -> int:
+    async def append(
+        self, key: str, chunks: AsyncIterable[bytes],
+        observe: Callable[[bytes], object] | None = None,
+    ) -> int:
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -129,14 +132,14 @@ class FilesystemStore:
                 pending.append(chunk)
                 pending_size += len(chunk)
                 if pending_size >= PIECE:
-                    written += await self._offload(_write_all, fd, pending)
+                    written += await self._offload(_write_all, fd, pending, observe)
                     pending, pending_size = [], 0
         finally:
             # Whatever arrived before a failure is kept, so the session can resume from it.
             if pending_size > INLINE_WRITE:
-                written += await asyncio.shield(self._offload(_write_all, fd, pending))
+                written += await asyncio.shield(self._offload(_write_all, fd, pending, observe))
             elif pending:  # a log line or a tiny last chunk: cheaper than a thread hop
-                written += _write_all(fd, pending)
+                written += _write_all(fd, pending, observe)
             os.close(fd)
         return written
 
@@ -163,9 +166,11 @@ class FilesystemStore:
         return None
 
 
-def _write_all(fd: int, pieces: list[bytes]) -> int:
+def _write_all(fd: int, pieces: list[bytes], observe: Callable[[bytes], object] | None) -> int:
     total = 0
     for piece in pieces:
+        if observe is not None:
+            observe(piece)  # hashlib releases the GIL: hashing runs beside the event loop
         view = memoryview(piece)
         while view:
             n = os.write(fd, view)

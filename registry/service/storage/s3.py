@@ -143,7 +143,10 @@ class S3Store:
         await self._call(self.client.put_object, Bucket=self.bucket, Key=self._key(key),
                          Body=data)
 
-    async def append(self, key: str, chunks: AsyncIterable[bytes]) -> int:
+    async def append(
+        self, key: str, chunks: AsyncIterable[bytes],
+        observe: Callable[[bytes], object] | None = None,
+    ) -> int:
         stat = await self.stat(key)
         offset = stat.size if stat else 0
         if stat is not None and not await self._is_segmented(key):
@@ -155,9 +158,10 @@ class S3Store:
         # A unique suffix: two replicas appending at once both keep their bytes (a history log
         # stays whole; an upload raced that way fails its digest check instead of losing data).
         segment = f"{self._key(key)}{SEGMENTS}/{offset:020d}-{uuid.uuid4().hex[:12]}"
-        return await self._upload(segment, chunks)
+        return await self._upload(segment, chunks, observe)
 
-    async def _upload(self, full_key: str, chunks: AsyncIterable[bytes]) -> int:
+    async def _upload(self, full_key: str, chunks: AsyncIterable[bytes],
+                      observe: Callable[[bytes], object] | None = None) -> int:
         """Write a stream to one object: a single PUT when small, else a multipart upload.
         Bytes received before a failure are still written, as the protocol promises."""
         buffer = bytearray()
@@ -166,6 +170,8 @@ class S3Store:
         total = 0
         try:
             async for chunk in chunks:
+                if observe is not None:
+                    observe(chunk)
                 buffer += chunk
                 total += len(chunk)
                 if len(buffer) >= PART:
