@@ -5,9 +5,13 @@ DELETE unlinks it, and gc.py removes bytes no link reaches any more.
 
 from __future__ import annotations
 
+import time
+
 from registry.digests import Digest
 from registry.service import paths
 from registry.service.storage.base import BlobStore, Stat
+
+FRESH_LINK = 600.0  # seconds; gc's grace period must be longer than this (default 3600)
 
 
 class Blobs:
@@ -19,6 +23,18 @@ class Blobs:
         if await self.store.stat(paths.layer_link(repo, digest)) is None:
             return None
         return await self.store.stat(paths.blob(digest))
+
+    async def stat_for_manifest(self, repo: str, digest: Digest) -> Stat | None:
+        """Like `stat`, for a manifest about to reference the blob: a link older than
+        FRESH_LINK seconds is rewritten, so gc's grace period covers the blob until the manifest
+        (which then marks it) is stored."""
+        link = await self.store.stat(paths.layer_link(repo, digest))
+        if link is None:
+            return None
+        stat = await self.store.stat(paths.blob(digest))
+        if stat is not None and time.time() - link.mtime > FRESH_LINK:
+            await self.link(repo, digest)
+        return stat
 
     async def stat_anywhere(self, digest: Digest) -> Stat | None:
         return await self.store.stat(paths.blob(digest))

@@ -72,7 +72,7 @@ class Revisions:
             if desc in manifest.manifests:
                 found = await self.media_type(repo, desc.digest) is not None
             else:
-                stat = await self.blobs.stat(repo, desc.digest)
+                stat = await self.blobs.stat_for_manifest(repo, desc.digest)
                 found = stat is not None
                 if stat is not None and stat.size != desc.size:
                     raise RegistryError(

@@ -103,3 +103,26 @@ def test_gc_command_reports_and_deletes(
     assert main(["registry", "gc", "--root", str(registry_root)]) == 0
     assert f"deleted {sha(data)}" in capsys.readouterr().out
     assert not (registry_root / key).exists()
+
+
+async def test_a_manifest_push_refreshes_old_links_so_gc_spares_its_blobs(
+    client: httpx.AsyncClient, registry_root: Path,
+) -> None:
+    """A push that reuses an old, unreferenced blob races gc; the manifest PUT rewrites the
+    stale link, so the blob is young again until the manifest that marks it is stored."""
+    config = await push_blob(client, REPO, b'{"old": true}')
+    key = blob_key(config)
+    link = paths.layer_link(REPO, Digest.parse(config))
+    age(registry_root, key, link)
+    body = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,
+                       "config": {"mediaType": mt.OCI_CONFIG, "digest": config, "size": 13},
+                       "layers": []}).encode()
+    r = await client.put(f"/v2/{REPO}/manifests/{sha(body)}", content=body,
+                         headers={"Content-Type": mt.OCI_MANIFEST})
+    assert r.status_code == 201
+    assert time.time() - (registry_root / link).stat().st_mtime < 60
+    # even if the manifest went away again before gc ran, the blob is within the grace period
+    assert (await client.delete(f"/v2/{REPO}/manifests/{sha(body)}")).status_code == 202
+    report = await collect_garbage(FilesystemStore(registry_root), grace=3600)
+    assert Digest.parse(config) in report.kept_young
+    assert (registry_root / key).exists()
