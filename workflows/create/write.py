@@ -30,8 +30,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
-
 from registry import media_types as mt
 from registry.digests import Digest
 from registry.manifests import Descriptor
@@ -187,9 +185,10 @@ def _array_part(key: str, array: Any) -> Part:
     tags = {mx.uint32: "U32", mx.uint8: "U8", mx.bfloat16: "BF16", mx.float16: "F16",
             mx.float32: "F32"}
     tag = tags[array.dtype]
-    host = np.array(array.view(mx.uint16) if tag == "BF16" else array)
-    data = memoryview(np.ascontiguousarray(host)).cast("B")  # type: ignore[arg-type]
-    return (key, tag, tuple(array.shape), data)
+    flat = array.view(mx.uint16) if tag == "BF16" else array  # buffers have no bf16 format
+    mx.eval(flat)
+    # No copy: the bytes stay in the MLX array, which the part keeps alive until written.
+    return (key, tag, tuple(array.shape), memoryview(flat).cast("B"))
 
 
 def write_file_layer(store: Store, path: Any, name: str | None, media_type: str) -> Descriptor:
