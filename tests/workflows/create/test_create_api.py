@@ -221,3 +221,18 @@ def test_quantize_with_an_existing_base_model_is_refused(model_server, store, ma
     assert resp.status_code == 400 and "not requantized" in resp.json()["error"]
     resp = _post(model_server, {"model": "me/bad", "from": "me/base", "files": files})
     assert resp.status_code == 400 and "cannot be combined" in resp.json()["error"]
+
+
+def test_official_ollama_client_creates_a_model(model_server, store, make_checkpoint):
+    import ollama
+
+    client = ollama.Client(host=model_server)
+    files = upload_dir(store, make_checkpoint("llama"))
+    events = list(client.create(model="me/oc", files=files, quantize="int8",
+                                system="hi", stream=True))
+    assert events[-1].status == "success"
+    _, config = read_model(store, "me/oc")
+    assert config.file_type == "int8"
+    with pytest.raises(ollama.ResponseError) as err:
+        client.create(model="me/bad", files=files, quantize="int3")
+    assert err.value.status_code == 400
