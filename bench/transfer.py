@@ -50,8 +50,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def registry_process(root: Path) -> Iterator[str]:
-    """`ferry registry serve` in its own process (own GIL, as in production); yields host:port."""
+def registry_process(root: Path) -> Iterator[tuple[str, int]]:
+    """`ferry registry serve` in its own process (own GIL, as in production).
+
+    Yields (host:port, pid) so the caller can account the server's CPU time.
+    """
     port = free_port()
     cmd = [sys.executable, "-m", "ferry.cli", "registry", "serve", "--host", "127.0.0.1",
            "--port", str(port), "--root", str(root)]
@@ -69,7 +72,7 @@ def registry_process(root: Path) -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the registry did not start")
             time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -141,10 +144,29 @@ def sha256_mbps(size: int) -> float:
     return size / (time.perf_counter() - start) / 1e6
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+class Phase:
+    """Wall time plus CPU seconds of this process, its children (skopeo) and the registry."""
+
+    def __init__(self, server_pid: int) -> None:
+        import psutil
+
+        self.server = psutil.Process(server_pid)
+
+    def run(self, fn) -> tuple[float, float, float]:
+        import resource
+
+        def cpu() -> tuple[float, float]:
+            me = resource.getrusage(resource.RUSAGE_SELF)
+            kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+            server = self.server.cpu_times()
+            return (me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+                    server.user + server.system)
+
+        (client0, server0), start = cpu(), time.perf_counter()
+        fn()
+        wall = time.perf_counter() - start
+        client1, server1 = cpu()
+        return wall, client1 - client0, server1 - server0
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
@@ -154,33 +176,39 @@ def run(args: argparse.Namespace, work: Path) -> None:
     disk = disk_write_mbps(work, big)
     sha = sha256_mbps(big)
     print(f"  disk write (fsync) {disk:8.1f} MB/s   sha256 {sha:8.1f} MB/s")
-    with registry_process(work / "reg-ferry") as host:
+    with registry_process(work / "reg-ferry") as (host, pid):
+        phase = Phase(pid)
         name = f"{host}/bench/model:v1"
         raw = make_model(source, name, big, args.small)
         total = sum(d["size"] for d in [json.loads(raw)["config"], *json.loads(raw)["layers"]])
         options = TransferOptions(home=work / "home", insecure=True,
                                   max_streams=args.streams)
-        ferry_push = timed(lambda: asyncio.run(push(name, source, options, lambda e: None)))
-        ferry_pull = timed(lambda: asyncio.run(pull(name, target, options, lambda e: None)))
+        ferry_push = phase.run(lambda: asyncio.run(push(name, source, options, lambda e: None)))
+        ferry_pull = phase.run(lambda: asyncio.run(pull(name, target, options, lambda e: None)))
     assert target.read_manifest(Name.parse(name)) == raw
     shutil.rmtree(target.root)
     oci_layout(source, raw, work / "oci")
-    with registry_process(work / "reg-skopeo") as host:
+    with registry_process(work / "reg-skopeo") as (host, pid):
+        phase = Phase(pid)
         ref = f"docker://{host}/bench/skopeo:v1"
-        skopeo_push = timed(lambda: subprocess.run(
+        skopeo_push = phase.run(lambda: subprocess.run(
             ["skopeo", "copy", "-q", "--dest-tls-verify=false", f"oci:{work / 'oci'}:v1", ref],
             check=True))
-        skopeo_pull = timed(lambda: subprocess.run(
+        skopeo_pull = phase.run(lambda: subprocess.run(
             ["skopeo", "copy", "-q", "--src-tls-verify=false", ref, f"dir:{work / 'skopeo-out'}"],
             check=True))
     mb = total / 1e6
     print(f"model: {args.big_mib} MiB blob + {args.small} small blobs = {mb:.1f} MB")
     rows = [("push", ferry_push, skopeo_push), ("pull", ferry_pull, skopeo_pull)]
-    for what, ferry_s, skopeo_s in rows:
+    for what, ferry_run, skopeo_run in rows:
+        ferry_s, skopeo_s = ferry_run[0], skopeo_run[0]
         print(f"  {what}: ferry {mb / ferry_s:8.1f} MB/s ({ferry_s:6.2f} s)   skopeo "
               f"{mb / skopeo_s:8.1f} MB/s ({skopeo_s:6.2f} s)   ratio {skopeo_s / ferry_s:5.2f}x")
+        print(f"        cpu s (client/registry): ferry {ferry_run[1]:5.2f}/{ferry_run[2]:5.2f}"
+              f"   skopeo {skopeo_run[1]:5.2f}/{skopeo_run[2]:5.2f}")
     limit = min(disk, sha)
-    print(f"  pull vs min(disk, sha256) = {limit:.1f} MB/s: {100 * mb / ferry_pull / limit:5.1f}%")
+    rate = mb / ferry_pull[0]
+    print(f"  pull vs min(disk, sha256) = {limit:.1f} MB/s: {100 * rate / limit:5.1f}%")
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ async def pull(model: str, store: Store, options: TransferOptions, report: Progr
         report(progress("pulling manifest"))
         manifest = await _fetch_manifest(client, name)
         blobs = _unique_blobs(manifest)
-        streams = asyncio.Semaphore(options.max_streams)
+        streams = Streams(options.max_streams)
         # Blobs in flight (each holds a partial file and a hashing thread) are bounded too.
         slots = asyncio.Semaphore(2 * options.max_streams)
         await run_all(BlobPull(client, store, desc, streams, report).run(slots)
@@ -63,6 +63,23 @@ async def pull(model: str, store: Store, options: TransferOptions, report: Progr
         report(progress("removing unused layers"))
         await asyncio.to_thread(store.remove_unused_after_replace, previous)
     report(progress("success"))
+
+
+class Streams:
+    """The bound on concurrent bodies, `total`; parts of large blobs may hold only 3/4 of it.
+
+    Small blobs are latency-bound and large ones throughput-bound, so they overlap well; the
+    reserve keeps a large blob's parts from queueing every small blob behind them.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.any = asyncio.Semaphore(total)
+        self.large = asyncio.Semaphore(max(1, total - total // 4))
+
+    @contextlib.asynccontextmanager
+    async def for_part(self) -> AsyncIterator[None]:
+        async with self.large, self.any:
+            yield
 
 
 _claims: dict[tuple[int, str, Digest], tuple[asyncio.Lock, int]] = {}
@@ -141,7 +158,7 @@ class BlobPull:
     """One blob: skip if present, else fetch its parts, hash in order, verify, publish."""
 
     def __init__(self, client: RegistryClient, store: Store, desc: Descriptor,
-                 streams: asyncio.Semaphore, report: Progress) -> None:
+                 streams: Streams, report: Progress) -> None:
         self.client = client
         self.store = store
         self.desc = desc
@@ -199,7 +216,7 @@ class BlobPull:
         self._progress(force=True)
 
     async def _get_small(self) -> bytes:
-        async with self.streams:
+        async with self.streams.any:
             reply = await self.client.request("GET", self.client.url(f"blobs/{self.desc.digest}"),
                                               headers={"Accept-Encoding": "identity"})
             try:
@@ -233,7 +250,7 @@ class BlobPull:
 
     async def _fetch_part(self, partial: PartialBlob, part: Part) -> None:
         async def attempt(_n: int) -> None:
-            async with self.streams:
+            async with self.streams.for_part():
                 await self._stream_part(partial, part)
 
         await self.client.options.retry.run(self.status, attempt)
