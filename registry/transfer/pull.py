@@ -1,8 +1,9 @@
 """Pull: manifest, then every missing blob in parallel Range parts, verified, manifest last.
 
-Blobs already in the store are skipped. Each missing blob is split into parts (size/16 clamped to
-[100 MB, 1000 MB]) fetched with `Range` into its `-partial` file, all blobs and parts sharing
-one bound of `max_streams` concurrent bodies. Progress is checkpointed per part, so a pull that
+Blobs already in the store are skipped. A small blob (<= 4 MiB) is fetched whole into memory
+and written once. A larger one is split into parts (size/16 clamped to [100 MB, 1000 MB])
+fetched with `Range` into its `-partial` file; all blobs and parts share one bound of
+`max_streams` concurrent bodies. Progress is checkpointed per part, so a pull that
 is cancelled, killed or cut off resumes from what is on disk. A blob gets its final name only
 after its sha256 and size match; the manifest is written last, atomically; then the blobs only
 the replaced manifest used are removed (unless noprune).

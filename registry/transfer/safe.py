@@ -84,8 +84,14 @@ class DnsResolver:
 
 def address_problem(address: IPAddress) -> str | None:
     """Why a hop may not connect to `address` without --insecure, or None if it is public."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.is_site_local:  # fec0::/10, deprecated but still private in practice
+            return "private address"
+        # IPv4-mapped (::ffff:a.b.c.d) and 6to4 (2002:aabb:ccdd::) carry an IPv4 address
+        # that a local gateway may route to: judge that one.
+        embedded = address.ipv4_mapped or address.sixtofour
+        if embedded is not None:
+            address = embedded
     checks: list[tuple[bool, str]] = [
         (address.is_unspecified, "unspecified address"),
         (address.is_loopback, "loopback address"),

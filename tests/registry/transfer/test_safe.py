@@ -44,6 +44,8 @@ from .tls import tls_server
     ("::ffff:10.0.0.5", "private address"),
     ("::ffff:127.0.0.1", "loopback address"),
     ("::ffff:169.254.169.254", "link-local address"),
+    ("2002:a00:5::1", "private address"),
+    ("fec0::1", "private address"),
     ("8.8.8.8", None),
     ("2606:4700:4700::1111", None),
 ])
