@@ -140,3 +140,30 @@ def _catch_all(handler):
 
     methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
     return Starlette(routes=[Route("/{path:path}", handler, methods=methods)])
+
+
+async def test_push_mounts_layers_that_name_their_source_with_from(
+        tmp_path: Path, source: Store, target: Store) -> None:
+    """`from` on a layer is enough: this store has never seen the source repository."""
+    import dataclasses
+
+    from registry.manifests import build_manifest
+
+    log = RequestLog(build_registry_app(tmp_path / "registry"))
+    with serve_app(log) as url:
+        host = url.removeprefix("http://")
+        first = f"{host}/ns/first:v1"
+        raw = make_model(source, first, [50 * KiB])
+        await push(first, source, fast_options(tmp_path / "p", insecure=True), lambda e: None)
+        manifest = parse_manifest(raw)
+        for desc in manifest.references():
+            target.write_blob_bytes(source.read_blob(desc.digest), desc.digest)
+        layers = [dataclasses.replace(d, from_=first) for d in manifest.layers]
+        third = f"{host}/ns/third:v1"
+        assert manifest.config is not None
+        target.write_manifest(Name.parse(third), build_manifest(manifest.config, layers))
+        patches = log.count("PATCH")
+        await push(third, target, fast_options(tmp_path / "q", insecure=True), lambda e: None)
+    mounts = [q for m, _p, q in log.requests if m == "POST" and "mount=" in q]
+    assert len(mounts) == 1 and "from=ns%2Ffirst" in mounts[0]  # the layer; the config uploads
+    assert log.count("PATCH") == patches + 1  # only the config (no `from`) was uploaded
