@@ -30,8 +30,11 @@ class BlobStore(Protocol):
     async def stat(self, key: str) -> Stat | None:
         """Size and modification time, or None when nothing is stored at `key`."""
 
-    def read(self, key: str, offset: int = 0, length: int | None = None) -> AsyncIterator[bytes]:
-        """Stream bytes [offset, offset+length) of `key` in pieces; KeyNotFound when absent."""
+    def read(
+        self, key: str, offset: int = 0, length: int | None = None
+    ) -> AsyncIterator[bytes | memoryview]:
+        """Stream bytes [offset, offset+length) of `key` in pieces; KeyNotFound when absent.
+        A piece may be a memoryview of a buffer nothing else uses (send it without copying)."""
 
     async def get(self, key: str) -> bytes:
         """The whole (small) object; KeyNotFound when absent."""

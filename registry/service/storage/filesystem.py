@@ -42,13 +42,6 @@ class FilesystemStore:
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="ferry-fs")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _pread(self, fd: int, position: int, end: int) -> asyncio.Future[bytes]:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="ferry-fs")
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._executor, os.pread, fd, min(PIECE, end - position),
-                                    position)
-
     def close(self) -> None:
         """Stop the worker threads (the app's shutdown calls this)."""
         if self._executor is not None:
@@ -66,31 +59,28 @@ class FilesystemStore:
 
     async def read(
         self, key: str, offset: int = 0, length: int | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[bytes | memoryview]:
         try:
             fd = os.open(self._path(key), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise KeyNotFound(key) from exc
-        ahead: asyncio.Future[bytes] | None = None
         try:
             end = os.fstat(fd).st_size if length is None else offset + length
             if end - offset <= INLINE_READ:
                 if end > offset:
                     yield os.pread(fd, end - offset, offset)
                 return
-            # Read one piece ahead, so the disk works while the previous piece is being sent.
-            ahead = self._pread(fd, offset, end)
             position = offset
-            while ahead is not None:
-                piece = await ahead
-                position += len(piece)
-                ahead = self._pread(fd, position, end) if piece and position < end else None
+            while position < end:
+                size = min(PIECE, end - position)
+                piece = _cached_pread(fd, size, position)
+                if piece is None:  # not in the page cache: let a worker wait for the disk
+                    piece = await self._offload(os.pread, fd, size, position)
                 if not piece:
                     break
+                position += len(piece)
                 yield piece
         finally:
-            if ahead is not None:  # the consumer left early: the fd stays open until it is done
-                await asyncio.wait([ahead])
             os.close(fd)
 
     async def get(self, key: str) -> bytes:
@@ -164,6 +154,26 @@ class FilesystemStore:
 
     def redirect_url(self, key: str) -> str | None:
         return None
+
+
+def _cached_pread(fd: int, size: int, position: int) -> memoryview | None:
+    """Read what the page cache already holds, without blocking (RWF_NOWAIT), or None.
+
+    A hot blob is then served with no thread hop per piece: on a busy machine each hop waits
+    for the scheduler to wake a worker, which starves the socket. Returns a view of a fresh
+    buffer, so the transport may keep it until sent.
+    """
+    if _NOWAIT is None:
+        return None
+    buffer = bytearray(size)
+    try:
+        got = os.preadv(fd, [buffer], position, _NOWAIT)
+    except (BlockingIOError, OSError):  # EAGAIN: not cached; EOPNOTSUPP: fs cannot say
+        return None
+    return memoryview(buffer)[:got] if got else None
+
+
+_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 
 
 def _write_all(fd: int, pieces: list[bytes], observe: Callable[[bytes], object] | None) -> int:

@@ -90,7 +90,7 @@ class S3Store:
 
     async def read(
         self, key: str, offset: int = 0, length: int | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[bytes | memoryview]:
         stat = await self.stat(key)
         if stat is None:
             raise KeyNotFound(key)
@@ -160,8 +160,9 @@ class S3Store:
         segment = f"{self._key(key)}{SEGMENTS}/{offset:020d}-{uuid.uuid4().hex[:12]}"
         return await self._upload(segment, chunks, observe)
 
-    async def _upload(self, full_key: str, chunks: AsyncIterable[bytes],
-                      observe: Callable[[bytes], object] | None = None) -> int:
+    async def _upload(self, full_key: str, chunks: AsyncIterable[bytes | memoryview],
+                      observe: Callable[[Any], object] | None = None,
+                      ) -> int:
         """Write a stream to one object: a single PUT when small, else a multipart upload.
         Bytes received before a failure are still written, as the protocol promises."""
         buffer = bytearray()
