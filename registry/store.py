@@ -30,7 +30,7 @@ from registry.manifests import Manifest, parse_manifest
 from registry.names import Name
 
 PRUNE_GRACE_SECONDS = 3600.0
-_FLUSH_BYTES = 1024 * 1024
+_FLUSH_BYTES = 4 * 1024 * 1024
 TMP_PREFIX = ".tmp-"
 
 
@@ -196,10 +196,16 @@ class Store:
 
     async def write_blob(self, stream: AsyncIterable[bytes], expected: Digest | None = None,
                          expected_size: int | None = None) -> Digest:
-        """Hash while writing an async stream; batches file writes off the event loop."""
+        """Hash while writing an async stream, off the event loop.
+
+        Double-buffered: while a worker thread hashes and writes one batch, the loop receives
+        the next, so a fast upload is bounded by the slower of the two, not their sum. Writes
+        stay in order because a batch starts only after the previous one finished.
+        """
         import asyncio
 
         writer = await asyncio.to_thread(self.blob_writer, expected, expected_size)
+        in_flight: asyncio.Future[None] | None = None
         try:
             pending: list[bytes] = []
             pending_size = 0
@@ -207,12 +213,21 @@ class Store:
                 pending.append(chunk)
                 pending_size += len(chunk)
                 if pending_size >= _FLUSH_BYTES:
-                    await asyncio.to_thread(writer.write, b"".join(pending))
+                    if in_flight is not None:
+                        await in_flight
+                    batch = b"".join(pending)
+                    in_flight = asyncio.ensure_future(asyncio.to_thread(writer.write, batch))
                     pending, pending_size = [], 0
+            if in_flight is not None:
+                await in_flight
+                in_flight = None
             if pending:
                 await asyncio.to_thread(writer.write, b"".join(pending))
             return await asyncio.to_thread(writer.commit)
         finally:
+            if in_flight is not None:
+                # The thread cannot be interrupted: let it finish before the file is removed.
+                await asyncio.gather(in_flight, return_exceptions=True)
             if not writer._done:
                 await asyncio.to_thread(writer.abort)
 
