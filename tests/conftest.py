@@ -138,3 +138,21 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+def runner_processes() -> list:
+    """Live runner processes (the real `ferry runner` or the stand-in) below this test process.
+
+    Tests check runners by process, but the test session has other children (the S3 server), so
+    a bare `children()` would count, or kill, the wrong process."""
+    import psutil
+
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and any(
+                    "runner" in part for part in proc.cmdline()):
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found

@@ -11,8 +11,8 @@ import time
 import httpx
 import ollama
 import openai
-import psutil
 import pytest
+from conftest import runner_processes
 from served_model import serve_tiny_model
 
 QUESTION = [{"role": "user", "content": "hello there"}]
@@ -129,13 +129,13 @@ def test_a_runner_killed_mid_answer_fails_that_request_and_the_next_reloads(clie
     stream = client.generate(model=served.model, prompt="tell me a long story", stream=True,
                              options={"num_predict": 4000})
     next(stream)
-    (runner,) = psutil.Process().children()
+    (runner,) = runner_processes()
     runner.kill()
     with pytest.raises(ollama.ResponseError, match="terminated"):
         for _ in stream:
             pass
     again = client.generate(model=served.model, prompt="hello there")
-    assert again.done and psutil.Process().children()[0].pid != runner.pid
+    assert again.done and runner_processes()[0].pid != runner.pid
 
 
 def test_keep_alive_zero_unloads_after_the_request(client, served):

@@ -14,9 +14,8 @@ import signal
 import time
 
 import httpx
-import psutil
 import pytest
-from conftest import serve_app
+from conftest import runner_processes, serve_app
 from runner_fakes import add_model, fake_command
 
 from runner import scheduler as scheduler_module
@@ -50,7 +49,8 @@ def test_killed_runner_fails_the_request_and_the_next_one_reloads(fake_server):
         lines = stream_lines(client, "/api/generate", {"model": "me/tiny", "prompt": "hi"})
         assert next(lines)["response"] == "tok0 "
         (runner,) = client.get("/api/ps").json()["models"]
-        pid = next(p.pid for p in psutil.Process().children())
+        (proc,) = runner_processes()
+        pid = proc.pid
         os.kill(pid, signal.SIGKILL)
         rest = list(lines)
         assert "error" in rest[-1] and "terminated" in rest[-1]["error"]
@@ -59,7 +59,7 @@ def test_killed_runner_fails_the_request_and_the_next_one_reloads(fake_server):
         assert again.status_code == 200, again.text
         assert again.json()["response"] == "tok0 tok1 "
         assert runner["name"] == "me/tiny:latest"
-    assert psutil.Process().children() == []
+    assert runner_processes() == []
 
 
 def test_json_format_retries_until_the_answer_parses(fake_server, tmp_path):
@@ -87,8 +87,8 @@ def test_server_shutdown_reaps_its_runners(fake_server):
     with fake_server() as url:
         httpx.post(f"{url}/api/generate", json={"model": "me/tiny", "keep_alive": -1},
                    timeout=60).raise_for_status()
-        assert len(psutil.Process().children()) == 1
-    assert psutil.Process().children() == []
+        assert len(runner_processes()) == 1
+    assert runner_processes() == []
 
 
 WEATHER = [{"type": "function", "function": {

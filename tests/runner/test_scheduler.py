@@ -13,6 +13,7 @@ import time
 
 import psutil
 import pytest
+from conftest import runner_processes
 from runner_fakes import add_model, fake_command
 
 from registry.names import Name
@@ -35,8 +36,7 @@ async def generate(lease, num_predict: int | None = None) -> str:
 
 
 def children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE]
+    return runner_processes()
 
 
 def gone(pid: int) -> bool:
