@@ -129,3 +129,11 @@ def test_rss_stays_flat_over_1500_tokens_after_the_first_256(tiny):
     assert generator.generated == 1500
     baseline = samples[min(samples)]
     assert max(samples.values()) - baseline < 32 * 1024 * 1024, samples
+
+
+def test_load_releases_the_buffer_pool_once_weights_are_evaluated(model_store, created_model):
+    calls: list[str] = []
+    loaded = load_model(model_store, created_model("llama"), "float32",
+                        release=lambda: calls.append("release"))
+    assert calls == ["release"]
+    assert loaded.weights_bytes > 0
