@@ -154,6 +154,9 @@ class Uploads:
                     f'digest mismatch, expected "{digest}", got "{actual}"',
                     detail={"expected": str(digest), "actual": str(actual)},
                 )
+            if offset == 0 and await self.store.stat(paths.upload_data(repo, upload_id)) is None:
+                # An empty blob: no chunk ever created the staged object, so publish an empty one.
+                await self.store.put(paths.upload_data(repo, upload_id), b"")
             # Publish even when the bytes exist: the fresh copy's mtime keeps gc's grace period
             # from sweeping a blob this upload is about to link.
             await self.store.commit(paths.blob(digest), paths.upload_data(repo, upload_id))

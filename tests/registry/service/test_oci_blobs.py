@@ -255,3 +255,15 @@ async def test_a_chunk_cut_off_by_a_disconnect_can_be_resumed(
     assert r.status_code == 202
     r = await client.put(location, params={"digest": sha(data)})
     assert r.status_code == 201, r.text
+
+
+async def test_an_empty_blob_uploads_through_a_session_with_no_chunk(
+    client: httpx.AsyncClient,
+) -> None:
+    empty = sha(b"")
+    r = await client.post(f"/v2/{REPO}/blobs/uploads/")
+    assert r.status_code == 202
+    r = await client.put(r.headers["Location"], params={"digest": empty})
+    assert r.status_code == 201, r.text
+    r = await client.get(f"/v2/{REPO}/blobs/{empty}")
+    assert r.status_code == 200 and r.content == b""
