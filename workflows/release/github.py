@@ -33,7 +33,6 @@ from workflows.release.store import (
 )
 
 LEASE_ASSET = "ferry-release.lease"
-_CHUNK = 256 * 1024
 
 
 def _label(holder: str, expires_at: float) -> str:
@@ -182,7 +181,7 @@ class GitHubReleaseStore:
         self._call("DELETE", self._repo(f"releases/assets/{asset.handle}"), ok=(204, 404))
 
     def upload_asset(self, ref: ReleaseRef, asset: LocalAsset, progress: Progress) -> None:
-        response = self._upload(ref, asset.name, _read_chunks(asset, progress), ok=(201, 422),
+        response = self._upload(ref, asset.name, asset.read_chunks(progress), ok=(201, 422),
                                 size=asset.size)
         if response.status_code != 422:
             return
@@ -194,7 +193,7 @@ class GitHubReleaseStore:
             if old.sha256 == asset.sha256 and old.size == asset.size:
                 return
             self.delete_asset(ref, old)
-        self._upload(ref, asset.name, _read_chunks(asset, progress), ok=(201,), size=asset.size)
+        self._upload(ref, asset.name, asset.read_chunks(progress), ok=(201,), size=asset.size)
 
     def _upload(self, ref: ReleaseRef, name: str, content: Any, ok: tuple[int, ...],
                 label: str | None = None, size: int | None = None) -> httpx.Response:
@@ -215,11 +214,3 @@ def _recent(asset: dict[str, Any], now: float, ttl: float) -> bool:
         return True
     return now - datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() < ttl
 
-
-def _read_chunks(asset: LocalAsset, progress: Progress) -> Iterator[bytes]:
-    sent = 0
-    with asset.path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            sent += len(chunk)
-            progress(sent)
-            yield chunk

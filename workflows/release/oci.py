@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -42,7 +41,6 @@ TAG_ANNOTATION = "org.ferry.release.tag"
 HOLDER, EXPIRES = "org.ferry.lease.holder", "org.ferry.lease.expires"
 EMPTY_DIGEST = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
 EMPTY: dict[str, Any] = {"mediaType": mt.OCI_EMPTY, "size": 2, "digest": EMPTY_DIGEST}
-_CHUNK = 256 * 1024
 
 
 class OCILease:
@@ -212,7 +210,7 @@ class OCIReleaseStore:
 
     def upload_asset(self, ref: ReleaseRef, asset: LocalAsset, progress: Progress) -> None:
         digest = f"sha256:{asset.sha256}"
-        self._push_blob(digest, asset.size, _read_chunks(asset, progress), progress)
+        self._push_blob(digest, asset.size, asset.read_chunks(progress), progress)
         layer = {"mediaType": "application/octet-stream", "digest": digest, "size": asset.size,
                  "annotations": {TITLE: asset.name}}
         self._rewrite_layers(ref, asset.name, layer)
@@ -231,11 +229,3 @@ class OCIReleaseStore:
     def close(self) -> None:
         self.client.close()
 
-
-def _read_chunks(asset: LocalAsset, progress: Progress) -> Iterator[bytes]:
-    sent = 0
-    with asset.path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            sent += len(chunk)
-            progress(sent)
-            yield chunk

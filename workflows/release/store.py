@@ -9,7 +9,7 @@ failure, so the job can classify before it retries.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -73,6 +73,15 @@ class LocalAsset:
     path: Path
     size: int
     sha256: str  # hex
+
+    def read_chunks(self, progress: Progress, chunk_size: int = 256 * 1024) -> Iterator[bytes]:
+        """The file's bytes for an upload body, reporting bytes sent as they go."""
+        sent = 0
+        with self.path.open("rb") as handle:
+            while chunk := handle.read(chunk_size):
+                sent += len(chunk)
+                progress(sent)
+                yield chunk
 
 
 @dataclass(frozen=True)
