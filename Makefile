@@ -5,17 +5,19 @@ BIN := $(VENV)/bin
 
 .PHONY: run test lint install install-dev system-deps
 
-$(BIN)/python:
+# The stamp is written only once pip works, so an interrupted first run starts over cleanly.
+$(VENV)/.created:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ferry needs Python 3.11 or newer")'
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
 	@touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+$(VENV)/.installed: pyproject.toml | $(VENV)/.created
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(VENV)/.created
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
