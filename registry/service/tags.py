@@ -1,24 +1,28 @@
 """Tags: which manifest a name points at now, and every place it pointed before.
 
-A tag move is one atomic object write (`current`) plus one appended history line, done under
-a lock per repository, so two pushes to one tag never interleave and the history records every
-move in the order this process made them. Across replicas the S3 store would make `current` a
-conditional write; on one filesystem the lock and the atomic rename are enough.
+The history is the truth: a move appends its line with a compare-and-swap (`put_if`), so moves
+from any number of replicas (or processes on one disk) are ordered by the store and none is lost.
+`current` is then synced to the history's last line, again by compare-and-swap, reading the
+version of `current` before the history: a writer that saw a stale history loses its swap, so
+`current` always ends on the last move. A lock per repository keeps one process's own moves
+from racing each other, so swaps only conflict between replicas.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from registry.digests import Digest
 from registry.service import paths
+from registry.service.errors import RegistryError
 from registry.service.storage.base import BlobStore, KeyNotFound
 
 _TAG = re.compile(r"^[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}$")
+MAX_SWAPS = 64  # compare-and-swap attempts per step before a move gives up (429: retry later)
 
 
 def is_tag(reference: str) -> bool:
@@ -49,11 +53,33 @@ class TagStore:
         return Digest.parse(raw.decode().strip())
 
     async def move(self, repo: str, tag: str, digest: Digest) -> None:
+        """Point `tag` at `digest` and record the move; atomic across replicas."""
         async with self.lock(repo):
-            at_ns = max(time.time_ns(), self._last_ns + 1)
-            self._last_ns = at_ns
-            await self.store.put(paths.tag_current(repo, tag), str(digest).encode())
-            await self.store.append(paths.tag_history(repo, tag), _one(f"{at_ns} {digest}\n"))
+            await self._append_move(repo, tag, digest)
+            await self._sync_current(repo, tag)
+
+    async def _append_move(self, repo: str, tag: str, digest: Digest) -> None:
+        key = paths.tag_history(repo, tag)
+        for attempt in range(MAX_SWAPS):
+            raw, version = await self.store.get_versioned(key)
+            last = _parse(raw)[-1].at_ns if raw else 0
+            at_ns = max(time.time_ns(), self._last_ns + 1, last + 1)  # strictly increasing
+            if await self.store.put_if(key, raw + f"{at_ns} {digest}\n".encode(), version):
+                self._last_ns = at_ns
+                return
+            await _backoff(attempt)
+        raise _contended(repo, tag)
+
+    async def _sync_current(self, repo: str, tag: str) -> None:
+        key = paths.tag_current(repo, tag)
+        for attempt in range(MAX_SWAPS):
+            now, version = await self.store.get_versioned(key)  # before the history: see above
+            wanted = str(_parse(await self.store.get(paths.tag_history(repo, tag)))[-1].digest)
+            if now.decode().strip() == wanted or await self.store.put_if(
+                    key, wanted.encode(), version):
+                return
+            await _backoff(attempt)
+        raise _contended(repo, tag)
 
     async def remove(self, repo: str, tag: str) -> bool:
         """Untag: the tag disappears from listings, its history stays. False when absent."""
@@ -67,14 +93,9 @@ class TagStore:
     async def history(self, repo: str, tag: str) -> list[TagMove]:
         """Every move of the tag, oldest first."""
         try:
-            raw = await self.store.get(paths.tag_history(repo, tag))
+            return _parse(await self.store.get(paths.tag_history(repo, tag)))
         except KeyNotFound:
             return []
-        moves = []
-        for line in raw.decode().splitlines():
-            at, _, digest = line.partition(" ")
-            moves.append(TagMove(int(at), Digest.parse(digest)))
-        return moves
 
     async def names(self, repo: str) -> list[str]:
         """Tags that point somewhere now, sorted."""
@@ -88,5 +109,19 @@ class TagStore:
         return [t for t in await self.names(repo) if await self.current(repo, t) == digest]
 
 
-async def _one(text: str) -> AsyncIterator[bytes]:
-    yield text.encode()
+def _parse(raw: bytes) -> list[TagMove]:
+    moves = []
+    for line in raw.decode().splitlines():
+        at, _, digest = line.partition(" ")
+        moves.append(TagMove(int(at), Digest.parse(digest)))
+    return moves
+
+
+async def _backoff(attempt: int) -> None:
+    """Jittered, capped: replicas that collided spread out instead of colliding again."""
+    await asyncio.sleep(random.uniform(0, min(0.2, 0.005 * 2 ** min(attempt, 6))))
+
+
+def _contended(repo: str, tag: str) -> RegistryError:
+    return RegistryError("TOOMANYREQUESTS", f"tag {repo}:{tag} is being moved by other "
+                         f"writers; {MAX_SWAPS} attempts to update it conflicted, retry later")

@@ -42,6 +42,16 @@ class BlobStore(Protocol):
     async def put(self, key: str, data: bytes) -> None:
         """Store a small object atomically: readers see the old bytes or the new, never a mix."""
 
+    async def get_versioned(self, key: str) -> tuple[bytes, str | None]:
+        """The whole (small) object and an opaque version token for `put_if`; (b"", None) when
+        nothing is stored. Equal contents may share a version: a swap compares values."""
+
+    async def put_if(self, key: str, data: bytes, expected: str | None) -> bool:
+        """Compare-and-swap: store `data` only while `key` still holds version `expected` (None:
+        only while absent), atomically even against other processes or replicas. False, with
+        nothing written, when another writer got there first. A key written this way must only
+        be written this way (a plain `put` does not take part in the swap)."""
+
     async def append(
         self, key: str, chunks: AsyncIterable[bytes],
         observe: Callable[[bytes], object] | None = None,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import hashlib
 import os
 import shutil
 import uuid
@@ -89,6 +91,28 @@ class FilesystemStore:
                 return fh.read()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise KeyNotFound(key) from exc
+
+    async def get_versioned(self, key: str) -> tuple[bytes, str | None]:
+        try:
+            data = await self.get(key)
+        except KeyNotFound:
+            return b"", None
+        return data, _version(data)
+
+    async def put_if(self, key: str, data: bytes, expected: str | None) -> bool:
+        # flock on the parent directory: held by one open file at a time, so separate processes
+        # (and threads) on this disk swap one after another. Nothing awaits while it is held.
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if (await self.get_versioned(key))[1] != expected:
+                return False
+            await self.put(key, data)
+            return True
+        finally:
+            os.close(fd)  # closing releases the lock
 
     async def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
@@ -187,6 +211,11 @@ def _write_all(fd: int, pieces: list[bytes], observe: Callable[[bytes], object] 
             view = view[n:]
             total += n
     return total
+
+
+def _version(data: bytes) -> str:
+    """A content hash: equal bytes, equal version (enough for a compare-and-swap of values)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def _publish(src: str, dst: str) -> None:

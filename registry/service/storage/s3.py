@@ -29,6 +29,14 @@ def _missing(exc: ClientError) -> bool:
     return code in ("404", "NoSuchKey", "NotFound")
 
 
+def _lost_race(exc: ClientError) -> bool:
+    """A conditional write refused: the object changed (412), a concurrent conditional write is
+    in flight (409), or the expected object is gone."""
+    code = exc.response.get("Error", {}).get("Code", "")
+    return code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409") \
+        or _missing(exc)
+
+
 class S3Store:
     def __init__(self, client: Any, bucket: str, prefix: str = "", workers: int = 32,
                  redirect_ttl: int = 0) -> None:
@@ -142,6 +150,31 @@ class S3Store:
     async def put(self, key: str, data: bytes) -> None:
         await self._call(self.client.put_object, Bucket=self.bucket, Key=self._key(key),
                          Body=data)
+
+    async def get_versioned(self, key: str) -> tuple[bytes, str | None]:
+        """The version is the ETag. A key that only has segments (appended) has no ETag: it
+        reads as unversioned, so the first `put_if` writes a plain object that supersedes them."""
+        try:
+            resp = await self._call(self.client.get_object, Bucket=self.bucket,
+                                    Key=self._key(key))
+            return await self._call(resp["Body"].read), str(resp["ETag"])
+        except ClientError as exc:
+            if not _missing(exc):
+                raise
+        if await self._segments(key):
+            return b"".join([piece async for piece in self.read(key)]), None
+        return b"", None
+
+    async def put_if(self, key: str, data: bytes, expected: str | None) -> bool:
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+        try:
+            await self._call(self.client.put_object, Bucket=self.bucket, Key=self._key(key),
+                             Body=data, **condition)
+        except ClientError as exc:
+            if _lost_race(exc):
+                return False
+            raise
+        return True
 
     async def append(
         self, key: str, chunks: AsyncIterable[bytes],

@@ -4,14 +4,17 @@ upload, and what one stores the other serves."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import httpx
 from conftest import serve_app
 
+from registry import media_types as mt
 from registry.service.app import build_registry_app
+from registry.service.tags import TagStore
 
-from .conftest import push_image, s3_store, sha
+from .conftest import push_blob, push_image, s3_store, sha
 
 REPO = "library/shared"
 
@@ -96,3 +99,31 @@ async def test_blob_gets_redirect_to_presigned_s3_urls_when_enabled(s3_server: s
             assert fetched.status_code == 200 and fetched.content == data
             head = await c.head(f"/v2/{REPO}/blobs/{sha(data)}")
             assert head.status_code == 200 and head.headers["Content-Length"] == str(len(data))
+
+
+async def test_concurrent_pushes_to_one_tag_through_two_replicas_lose_no_move(
+    s3_server: str,
+) -> None:
+    first = s3_store(s3_server)
+    second = s3_store(s3_server, bucket=first.bucket)
+    with serve_app(build_registry_app(store=first)) as url_a, \
+            serve_app(build_registry_app(store=second)) as url_b:
+        async with httpx.AsyncClient(base_url=url_a, timeout=120) as a, \
+                httpx.AsyncClient(base_url=url_b, timeout=120) as b:
+            config = await push_blob(a, REPO, b"{}")
+            bodies = [json.dumps({
+                "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,
+                "config": {"mediaType": mt.OCI_CONFIG, "digest": config, "size": 2},
+                "layers": [], "annotations": {"n": str(i)}}).encode() for i in range(32)]
+            results = await asyncio.gather(*(
+                (a, b)[i % 2].put(f"/v2/{REPO}/manifests/race", content=body,
+                                  headers={"Content-Type": mt.OCI_MANIFEST})
+                for i, body in enumerate(bodies)))
+            assert [r.status_code for r in results] == [201] * len(bodies)
+            final_a = await a.get(f"/v2/{REPO}/manifests/race")
+            final_b = await b.get(f"/v2/{REPO}/manifests/race")
+    assert final_a.content in bodies and final_b.content == final_a.content
+    history = await TagStore(s3_store(s3_server, first.bucket)).history(REPO, "race")
+    assert sorted(str(m.digest) for m in history) == sorted(sha(b) for b in bodies)
+    assert str(history[-1].digest) == sha(final_a.content)  # the last move is the current one
+    assert [m.at_ns for m in history] == sorted({m.at_ns for m in history})

@@ -145,3 +145,50 @@ async def test_keys_that_escape_the_store_are_refused(store: BlobStore) -> None:
 async def test_redirect_url_is_none_when_the_store_serves_bytes_itself(store: BlobStore) -> None:
     await store.put("k", b"x")
     assert store.redirect_url("k") is None
+
+
+async def test_put_if_swaps_only_from_the_expected_version(store: BlobStore) -> None:
+    assert await store.get_versioned("cas") == (b"", None)
+    assert await store.put_if("cas", b"one", None)
+    assert not await store.put_if("cas", b"again", None)  # absent no longer
+    data, version = await store.get_versioned("cas")
+    assert data == b"one" and version is not None
+    assert await store.put_if("cas", b"two", version)
+    assert not await store.put_if("cas", b"stale", version)  # the version moved on
+    assert await store.get("cas") == b"two"
+    assert await store.list("") == ["cas"]
+
+
+async def _increment(store: BlobStore, key: str) -> int:
+    """One compare-and-swap increment of a counter; returns how many swaps it lost."""
+    lost = 0
+    while True:
+        data, version = await store.get_versioned(key)
+        if await store.put_if(key, str(int(data or b"0") + 1).encode(), version):
+            return lost
+        lost += 1
+
+
+async def test_concurrent_compare_and_swap_increments_lose_no_update(store: BlobStore) -> None:
+    await asyncio.gather(*(_increment(store, "counter") for _ in range(24)))
+    assert await store.get("counter") == b"24"
+
+
+def _increment_in_a_process(root: str, times: int) -> None:
+    store = FilesystemStore(Path(root))
+    for _ in range(times):
+        asyncio.run(_increment(store, "counter"))
+
+
+def test_filesystem_put_if_is_serialized_across_processes(tmp_path: Path) -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    procs = [context.Process(target=_increment_in_a_process, args=(str(tmp_path), 50))
+             for _ in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    assert asyncio.run(FilesystemStore(tmp_path).get("counter")) == b"200"
