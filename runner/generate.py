@@ -9,6 +9,11 @@ Memory rule (DESIGN.md, reference 3.3): MLX's buffer pool is released after ever
 chunk, whenever the generated count crosses a multiple of 256 (a round that emits several tokens
 and steps over a boundary counts once), and at the end of every request. The release function is
 injected so that tests can record the calls.
+
+Across requests the caches are kept in a `PrefixCache`: a prompt that starts with tokens
+computed before (a chat's next turn) reuses them and only the rest is evaluated, which is what
+`prompt_eval_count` then counts. With a draft model, decode runs in speculative rounds
+(runner/speculative.py) unless the repeat penalty is on (it depends on each emitted token).
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from runner.kv_cache import KVCache, make_cache
+from runner.kv_cache import KVCache
+from runner.prefix_cache import Match, PrefixCache
 from runner.sample import Options, Sampler
+from runner.speculative import DraftStats, Speculator
 from runner.tokenizer import ModelTokenizer
 
 PREFILL_CHUNK = 2048
@@ -40,6 +47,8 @@ class Done:
     prompt_eval_duration: int  # ns
     eval_count: int
     eval_duration: int  # ns
+    prompt_cached: int = 0  # prompt tokens taken from the prefix cache, not evaluated
+    draft: DraftStats | None = None  # proposals made and kept, when a draft model ran
 
 
 class ReleasePolicy:
@@ -107,13 +116,26 @@ class Generator:
 
     def __init__(self, model: nn.Module, tokenizer: ModelTokenizer, context_length: int,
                  release: Callable[[], None] = mx.clear_cache,
-                 prefill_chunk: int = PREFILL_CHUNK) -> None:
+                 prefill_chunk: int = PREFILL_CHUNK, draft: nn.Module | None = None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.release = release
         self.prefill_chunk = prefill_chunk
-        self.generated = 0  # tokens emitted by the current (or last) request
+        self.draft = draft
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
+        self._emission: Emission | None = None
+
+    @property
+    def generated(self) -> int:
+        """Tokens emitted by the current (or last) request."""
+        return self._emission.count if self._emission is not None else 0
+
+    @property
+    def tokens(self) -> list[int]:
+        """Token ids the current (or last) request read back, EOS included."""
+        return list(self._emission.read) if self._emission is not None else []
 
     def num_ctx(self, options: Options) -> int:
         if options.num_ctx is not None and options.num_ctx > 0:
@@ -133,22 +155,51 @@ class Generator:
         finally:
             self.release()
 
-    def _prefill(self, tokens: list[int], cache: list[KVCache],
+    def _prefill(self, model: nn.Module, tokens: list[int], cache: list[KVCache],
                  cancelled: Callable[[], bool]) -> None:
         for start in range(0, len(tokens), self.prefill_chunk):
             if cancelled():
                 return
             chunk = mx.array(tokens[start:start + self.prefill_chunk])[None]
-            self.model(chunk, cache)  # logits unused: only the cache is evaluated
+            model(chunk, cache)  # logits unused: only the cache is evaluated
             mx.eval([c.state for c in cache])
             self.release()
+
+    def _caches(self, prompt: list[int], cancelled: Callable[[], bool]) -> Match:
+        """Caches holding all of the prompt but its last token: reused, then prefilled."""
+        draft_layers = len(self.draft.layers) if self.draft is not None else None
+        match = self.prefix_cache.lookup(prompt, len(self.model.layers), draft_layers)
+        self._prefill(self.model, prompt[match.length:-1], match.target, cancelled)
+        if self.draft is not None and match.draft is not None:
+            self._prefill(self.draft, prompt[match.draft[0].offset:-1], match.draft, cancelled)
+        return match
 
     def _run(self, prompt: list[int], options: Options, budget: int,
              cancelled: Callable[[], bool]) -> Iterator[str | Done]:
         started = time.perf_counter_ns()
-        cache = make_cache(len(self.model.layers))
+        match = self._caches(prompt, cancelled)
         sampler = Sampler(options)
-        window = options.repeat_last_n if options.repeat_last_n > 0 else len(prompt) + budget
+        speculator = None
+        if self.draft is not None and match.draft is not None and not sampler.uses_history:
+            speculator = Speculator(self.model, self.draft, match.target, match.draft, options)
+            rounds = speculator.rounds(prompt, budget, cancelled)
+        else:
+            rounds = self._plain_rounds(prompt, match.target, sampler, budget, cancelled)
+        emission = self._emission = Emission(self.tokenizer, options,
+                                             ReleasePolicy(self.release))
+        yield from emission.run(rounds)
+        self.prefix_cache.record(prompt + emission.read, match.target, match.draft)
+        ended = time.perf_counter_ns()
+        first_at = emission.first_at or ended
+        yield Done(emission.reason, len(prompt) - match.length, first_at - started,
+                   emission.count, ended - first_at, match.length,
+                   speculator.stats if speculator is not None else None)
+
+    def _plain_rounds(self, prompt: list[int], cache: list[KVCache], sampler: Sampler,
+                      budget: int, cancelled: Callable[[], bool]) -> Iterator[list[int]]:
+        """One token per round, pipelined: token n+1's graph is queued before n is read."""
+        window = sampler.options.repeat_last_n
+        window = window if window > 0 else len(prompt) + budget
         history = mx.array(prompt[-window:], dtype=mx.uint32) if sampler.uses_history else None
 
         def step(tokens: mx.array) -> mx.array:
@@ -159,39 +210,56 @@ class Generator:
                 history = mx.concatenate([history, token[None]])[-window:]
             return token
 
-        self._prefill(prompt[:-1], cache, cancelled)
-        detok, stops = self.tokenizer.detokenizer(), StopFilter(options.stop)
-        policy = ReleasePolicy(self.release)
-        reason, count, first_at = "length", 0, 0
-        self.generated = 0
+        count = 0
         y = step(mx.array(prompt[-1:], dtype=mx.uint32)) if budget > 0 else None
         if y is not None:
             mx.async_eval(y)
         while y is not None and not cancelled():
-            following = step(y[None]) if count + 1 < budget else None
+            count += 1
+            following = step(y[None]) if count < budget else None
             if following is not None:
                 mx.async_eval(following)
-            token = int(y.item())
-            first_at = first_at or time.perf_counter_ns()
-            if token in self.tokenizer.eos_ids:
-                reason = "stop"
+            yield [int(y.item())]
+            y = following
+
+
+class Emission:
+    """Tokens -> text pieces: EOS, stop strings, counts and the release rule, per round."""
+
+    def __init__(self, tokenizer: ModelTokenizer, options: Options,
+                 policy: ReleasePolicy) -> None:
+        self.tokenizer = tokenizer
+        self.detok, self.stops = tokenizer.detokenizer(), StopFilter(options.stop)
+        self.policy = policy
+        self.reason, self.count, self.first_at = "length", 0, 0
+        self.read: list[int] = []  # every token read back, EOS included (it is in the cache)
+
+    def run(self, rounds: Iterator[list[int]]) -> Iterator[str]:
+        for tokens in rounds:
+            self.first_at = self.first_at or time.perf_counter_ns()
+            before = self.count
+            yield from self._round(tokens)
+            self.policy.generated(self.count - before)
+            if self.reason != "length":
                 break
-            count += 1
-            self.generated = count
-            policy.generated(1)
-            text, stopped = stops.feed(detok.add(token))
+        if self.reason != "stop_string":
+            tail, stopped = self.stops.feed(self.detok.flush())
+            tail += "" if stopped else self.stops.flush()
+            if tail:
+                yield tail
+        if self.reason == "stop_string":
+            self.reason = "stop"
+
+    def _round(self, tokens: list[int]) -> Iterator[str]:
+        for token in tokens:
+            self.read.append(token)
+            if token in self.tokenizer.eos_ids:
+                self.reason = "stop"
+                return
+            self.count += 1
+            text, stopped = self.stops.feed(self.detok.add(token))
             if text:
                 yield text
             if stopped:
-                reason = "stop_string"
-                break
-            y = following
-        if reason != "stop_string":
-            tail, stopped = stops.feed(detok.flush())
-            tail += "" if stopped else stops.flush()
-            if tail:
-                yield tail
-        ended = time.perf_counter_ns()
-        first_at = first_at or ended
-        yield Done("stop" if reason == "stop_string" else reason, len(prompt),
-                   first_at - started, count, ended - first_at)
+                self.reason = "stop_string"
+                return

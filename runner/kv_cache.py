@@ -4,6 +4,10 @@ Keys and values live in preallocated buffers of shape [batch, kv_heads, capacity
 a write of L tokens past capacity first trims the buffers to the live offset, then appends zeros
 for ceil(L/256)*256 more slots. Writes are slice updates; reads return the live prefix. Growing
 in steps keeps decode from reallocating the whole history every token.
+
+Rewinding (speculative decoding, the prefix cache) only moves the offset: slots past it are
+overwritten by the next write. `prefix_copy` hands out an independent cache holding a copy of the
+first n positions, so a cached snapshot never shares a buffer that a later write updates.
 """
 
 from __future__ import annotations
@@ -54,7 +58,22 @@ class KVCache:
         return [a for a in (self.keys, self.values) if a is not None]
 
     def nbytes(self) -> int:
+        """Bytes held, spare capacity included (what keeping this cache alive costs)."""
         return sum(a.nbytes for a in self.state)
+
+    def rewind(self, length: int) -> None:
+        """Forget every position from `length` on (never moves forward)."""
+        self.offset = max(0, min(self.offset, length))
+
+    def prefix_copy(self, length: int) -> KVCache:
+        """A new cache holding copies of positions [0, length); its first write grows it."""
+        copy = KVCache()
+        length = min(length, self.offset)
+        if length > 0 and self.keys is not None and self.values is not None:
+            copy.keys = mx.contiguous(self.keys[..., :length, :])
+            copy.values = mx.contiguous(self.values[..., :length, :])
+            copy.offset = length
+        return copy
 
 
 def make_cache(num_layers: int) -> list[KVCache]:

@@ -4,8 +4,9 @@ The checkpoint contract (written by workflows/create, see its write.py): JSON la
 path (config.json, tokenizer.json, ...), Modelfile layers (template, system, params), and one
 tensor layer per tensor whose blob is a standalone safetensors file. A quantized tensor `N` comes
 as `N` (packed), `N.scale` and, for affine modes, `N.bias`; `N.bias` is a quantization bias only
-when `N.scale` exists, otherwise it is an ordinary layer bias. Draft (`draft.`) tensors are for
-speculative decoding, which this runner does not do; they are skipped.
+when `N.scale` exists, otherwise it is an ordinary layer bias. A draft model for speculative
+decoding (config blob `draft` block, or `draft/config.json` plus `draft.` tensors) is loaded the
+same way into a second model, its tensor names with the prefix stripped.
 
 Compute paths (`FERRY_COMPUTE`): "native" keeps every tensor as stored (bf16 matmuls, quantized
 matmuls); "float32" dequantizes and upcasts each tensor as it is read, so every matmul is a dense
@@ -28,6 +29,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from registry import media_types as mt
 from registry.digests import Digest
+from registry.manifests import ModelConfig
 from registry.names import Name
 from registry.safetensors_header import logical_tensors, read_header
 from registry.store import Store
@@ -37,6 +39,7 @@ from runner.quant import QuantType
 Release = Callable[[], None]
 Progress = Callable[[float], None]
 FLOAT32_BUDGET = 0.7  # share of available memory float32 weights may take under "auto"
+DRAFT_PREFIX = "draft."
 
 
 class LoadError(RuntimeError):
@@ -53,6 +56,9 @@ class ModelFiles:
     system: str | None
     params: dict[str, Any]
     tensor_blobs: list[tuple[str, Digest]]  # (layer name, digest), drafts excluded
+    draft_config: dict[str, Any] | None = None  # the draft's config.json, when there is one
+    draft_blobs: list[tuple[str, Digest]] = field(default_factory=list)
+    draft_prefix: str = DRAFT_PREFIX
 
 
 @dataclass
@@ -62,6 +68,7 @@ class LoadedModel:
     compute: str  # "float32" or "native"
     weights_bytes: int
     load_seconds: float
+    draft: nn.Module | None = None
     context_length: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -70,15 +77,18 @@ class LoadedModel:
 
 def read_model_files(store: Store, name: str) -> ModelFiles:
     manifest = store.get_model(Name.parse_valid(name)).manifest()
+    blob_config = _config_blob(store, manifest.config.digest if manifest.config else None)
+    prefix = str((blob_config.draft or {}).get("tensor_prefix") or DRAFT_PREFIX)
     files: dict[str, bytes] = {}
     tensors: list[tuple[str, Digest]] = []
+    drafts: list[tuple[str, Digest]] = []
     text: dict[str, str] = {}
     for layer in manifest.layers:
         if layer.media_type == mt.JSON and layer.name:
             files[layer.name] = store.read_blob(layer.digest)
         elif layer.media_type == mt.TENSOR and layer.name:
-            if not layer.name.startswith("draft."):
-                tensors.append((layer.name, layer.digest))
+            is_draft = layer.name.startswith(prefix)
+            (drafts if is_draft else tensors).append((layer.name, layer.digest))
         elif layer.media_type in (mt.TEMPLATE, mt.PROMPT, mt.SYSTEM, mt.PARAMS):
             text[layer.media_type] = store.read_blob(layer.digest).decode()
     if "config.json" not in files:
@@ -88,13 +98,30 @@ def read_model_files(store: Store, name: str) -> ModelFiles:
     params = json.loads(text[mt.PARAMS]) if mt.PARAMS in text else {}
     return ModelFiles(json.loads(files["config.json"]), files,
                       text.get(mt.TEMPLATE, text.get(mt.PROMPT)), text.get(mt.SYSTEM), params,
-                      tensors)
+                      tensors, *_draft_parts(name, blob_config, files, drafts), prefix)
+
+
+def _config_blob(store: Store, digest: Digest | None) -> ModelConfig:
+    return ModelConfig.from_json(store.read_blob(digest)) if digest is not None else ModelConfig()
+
+
+def _draft_parts(name: str, blob_config: ModelConfig, files: dict[str, bytes],
+                 drafts: list[tuple[str, Digest]]
+                 ) -> tuple[dict[str, Any] | None, list[tuple[str, Digest]]]:
+    """The draft's config.json and tensor blobs; (None, []) when the model has no draft. The
+    config blob names the draft's config file; without a `draft` block, its layers decide."""
+    path = str((blob_config.draft or {}).get("config") or "draft/config.json")
+    if blob_config.draft is None and not (drafts and path in files):
+        return None, []
+    if path not in files or not drafts:
+        raise LoadError(f"model {name} declares a draft but lacks its {path} or tensors")
+    return json.loads(files[path]), drafts
 
 
 def float32_bytes(store: Store, files: ModelFiles) -> int:
     """What the weights take once dequantized to float32 (headers only, no data read)."""
     total = 0
-    for _, digest in files.tensor_blobs:
+    for _, digest in files.tensor_blobs + files.draft_blobs:
         total += sum(t.elements * 4 for t in logical_tensors(read_header(store.blob_path(digest))))
     return total
 
@@ -166,21 +193,43 @@ def build_model(config: dict[str, Any]) -> tuple[nn.Module, Any]:
 def load_model(store: Store, name: str, compute: str = "auto",
                progress: Progress | None = None, release: Release = mx.clear_cache
                ) -> LoadedModel:
-    """Load `name`: every tensor blob once, transformed as the compute path needs, evaluated,
-    then MLX's buffer pool released so load-time temporaries leave nothing held."""
+    """Load `name` (and its draft): every tensor blob once, transformed as the compute path
+    needs, evaluated, then MLX's buffer pool released so load-time temporaries leave nothing
+    held."""
     started = time.perf_counter()
     files = read_model_files(store, name)
     path = choose_compute(compute, store, files)
-    model, module = build_model(files.config)
+    total = len(files.tensor_blobs) + len(files.draft_blobs)
+
+    def step(done: int) -> None:
+        if progress is not None:
+            progress(done / total)
+
+    model = load_weights(store, name, files.config, files.tensor_blobs, path, "", step)
+    draft = None
+    if files.draft_config is not None:
+        offset = len(files.tensor_blobs)
+        draft = load_weights(store, f"{name} (draft)", files.draft_config, files.draft_blobs,
+                             path, files.draft_prefix, lambda done: step(offset + done))
+    release()
+    nbytes = sum(a.nbytes for m in (model, draft) if m is not None
+                 for _, a in tree_flatten(m.parameters()))
+    return LoadedModel(model, files, path, nbytes, time.perf_counter() - started, draft)
+
+
+def load_weights(store: Store, name: str, config: dict[str, Any],
+                 blobs: list[tuple[str, Digest]], compute: str, prefix: str,
+                 progress: Callable[[int], None]) -> nn.Module:
+    """One model from its blobs; `prefix` (a draft's `draft.`) is stripped from tensor names."""
+    model, module = build_model(config)
     weights: dict[str, mx.array] = {}
     qtypes: dict[str, QuantType] = {}
-    for done, (_, digest) in enumerate(files.tensor_blobs, 1):
-        blob_weights, blob_qtypes = read_blob_tensors(str(store.blob_path(digest)), path)
+    for done, (_, digest) in enumerate(blobs, 1):
+        blob_weights, blob_qtypes = read_blob_tensors(str(store.blob_path(digest)), compute)
         mx.eval(list(blob_weights.values()))  # upcast now: the source arrays are freed as we go
-        weights.update(blob_weights)
-        qtypes.update(blob_qtypes)
-        if progress is not None:
-            progress(done / len(files.tensor_blobs))
+        weights.update({k.removeprefix(prefix): v for k, v in blob_weights.items()})
+        qtypes.update({k.removeprefix(prefix): v for k, v in blob_qtypes.items()})
+        progress(done)
     if hasattr(module, "sanitize"):
         weights = module.sanitize(weights)
     if getattr(model, "args", None) is not None and model.args.tie_word_embeddings:
@@ -192,7 +241,4 @@ def load_model(store: Store, name: str, compute: str = "auto",
         raise LoadError(f"model {name}: {exc}") from exc
     del weights
     mx.eval(model.parameters())
-    release()
-    nbytes = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
-    return LoadedModel(model, files, path, nbytes, time.perf_counter() - started)
-
+    return model

@@ -1,7 +1,7 @@
 """The runner process's HTTP API (docs/runner-protocol.md); the scheduler is its only client.
 
     GET  /v1/status       {"status": "loading"|"ready", "progress", "context_length", "memory",
-                           "compute", "model", "blas"}
+                           "compute", "model", "blas", "draft"}
     POST /v1/completions  NDJSON: {"content", "done": false}... then the final counters
     POST /v1/tokenize     {"content"} -> {"tokens"}
 
@@ -93,7 +93,8 @@ def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) 
         on_fail(state.error)
         return
     state.loaded, state.tokenizer = loaded, tokenizer
-    state.generator = Generator(loaded.model, tokenizer, loaded.context_length, state.release)
+    state.generator = Generator(loaded.model, tokenizer, loaded.context_length, state.release,
+                                draft=loaded.draft)
     state.status, state.progress = "ready", 1.0
     print(f"loaded {state.name} in {loaded.load_seconds:.1f}s: compute {loaded.compute}, "
           f"weights {loaded.weights_bytes} bytes, blas {blas_library()}", file=sys.stderr,
@@ -136,7 +137,8 @@ def build_app(store: Store, name: str, compute: str = "auto",
             "context_length": loaded.context_length if loaded else 0,
             "memory": {"rss": psutil.Process().memory_info().rss,
                        "weights": loaded.weights_bytes if loaded else 0},
-            "compute": loaded.compute if loaded else compute, "blas": blas_library()})
+            "compute": loaded.compute if loaded else compute, "blas": blas_library(),
+            "draft": loaded is not None and loaded.draft is not None})
 
     async def tokenize(request: Request) -> Response:
         if state.tokenizer is None:
@@ -218,7 +220,10 @@ def _line(item: Any) -> bytes:
         message = {"content": "", "done": True, "done_reason": item.reason,
                    "prompt_eval_count": item.prompt_eval_count,
                    "prompt_eval_duration": item.prompt_eval_duration,
-                   "eval_count": item.eval_count, "eval_duration": item.eval_duration}
+                   "eval_count": item.eval_count, "eval_duration": item.eval_duration,
+                   "prompt_cached": item.prompt_cached}
+        if item.draft is not None:
+            message.update(draft_proposed=item.draft.proposed, draft_accepted=item.draft.accepted)
     else:
         message = {"content": item, "done": False}
     return (json.dumps(message) + "\n").encode()

@@ -1,0 +1,145 @@
+"""Speculative decoding with a draft model (reference 3.5).
+
+Each round the draft proposes up to `depth` tokens one at a time; the target scores the last
+committed token plus every proposal in one forward pass, so a round costs one target pass
+however many of the proposals it keeps. Greedy: a proposal is kept while it equals the target's
+argmax, and the target's own token follows (the correction, or a bonus when all were kept), so
+the output is the target's greedy output. Sampling: standard rejection sampling (keep d with
+probability min(1, p(d)/q(d)), else draw from max(p - q, 0) normalised), so the text follows the
+target's distribution (after the same temperature/top-k/top-p/min-p filtering).
+
+Cache invariant between rounds: the target cache holds every committed token but the last (the
+one the next forward feeds); the draft cache holds a prefix of that, and catches up on the
+tokens it lacks at the start of its next proposal. After the verify pass both are rewound to
+what was committed. The whole round is one lazy graph, read back once (twice when sampling).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from runner.kv_cache import KVCache
+from runner.sample import Options, filter_logits
+
+DRAFT_DEPTH = 4  # proposals per round (no depth controller yet: a fixed depth)
+
+
+@dataclass
+class DraftStats:
+    proposed: int = 0
+    accepted: int = 0
+
+
+class Speculator:
+    """One request's speculative decode; `rounds` yields the tokens each round commits."""
+
+    def __init__(self, target: nn.Module, draft: nn.Module, target_cache: list[KVCache],
+                 draft_cache: list[KVCache], options: Options, depth: int = DRAFT_DEPTH) -> None:
+        self.target, self.draft = target, draft
+        self.target_cache, self.draft_cache = target_cache, draft_cache
+        self.options = options
+        self.greedy = options.temperature <= 0
+        self.depth = depth
+        seed = options.seed if options.seed is not None and options.seed >= 0 else None
+        self._key = mx.random.key(seed if seed is not None else random.getrandbits(32))
+        self.stats = DraftStats()
+
+    def rounds(self, context: list[int], budget: int,
+               cancelled: Callable[[], bool]) -> Iterator[list[int]]:
+        """`context`: every token so far, the last not yet fed to the target. Yields lists of
+        committed tokens, `budget` in all at most."""
+        context = list(context)
+        emitted = 0
+        while emitted < budget and not cancelled():
+            new = self._round(context, min(self.depth, budget - emitted - 1))
+            context += new
+            emitted += len(new)
+            yield new
+
+    def _round(self, context: list[int], depth: int) -> list[int]:
+        before = len(context) - 1
+        drafts, q = self._propose(context, depth) if depth > 0 else (None, None)
+        last = mx.array(context[-1:], dtype=mx.uint32)
+        inputs = last if drafts is None else mx.concatenate([last, drafts])
+        logits = self.target(inputs[None], self.target_cache)[0].astype(mx.float32)
+        if self.greedy:
+            proposed, accepted, following = self._accept_greedy(drafts, logits)
+        else:
+            proposed, accepted, following = self._accept_sampled(drafts, q, logits)
+        for cache in self.target_cache:
+            cache.rewind(before + 1 + accepted)
+        for cache in self.draft_cache:
+            cache.rewind(before + 1 + min(accepted, depth - 1))
+        self.stats.proposed += depth
+        self.stats.accepted += accepted
+        return [*proposed[:accepted], following]
+
+    def _propose(self, context: list[int], depth: int) -> tuple[mx.array, mx.array | None]:
+        """`depth` draft tokens (lazy) and, when sampling, the distributions they came from."""
+        feed = mx.array(context[self.draft_cache[0].offset:], dtype=mx.uint32)
+        logits = self.draft(feed[None], self.draft_cache)[0, -1]
+        tokens, dists = [], []
+        for i in range(depth):
+            token, dist = self._pick(logits)
+            tokens.append(token)
+            dists.append(dist)
+            if i + 1 < depth:
+                logits = self.draft(token.reshape(1, 1), self.draft_cache)[0, -1]
+        if self.greedy:
+            return mx.stack(tokens), None
+        return mx.stack(tokens), mx.stack(dists)
+
+    def _pick(self, logits: mx.array) -> tuple[mx.array, mx.array]:
+        logits = logits.astype(mx.float32)
+        if self.greedy:
+            return mx.argmax(logits, axis=-1).astype(mx.uint32), logits
+        filtered = self._filtered(logits)
+        token = mx.random.categorical(filtered, key=self._next_key()).astype(mx.uint32)
+        return token, mx.softmax(filtered, axis=-1)
+
+    def _filtered(self, logits: mx.array) -> mx.array:
+        opts = self.options
+        return filter_logits(logits / opts.temperature, opts.top_k, opts.top_p, opts.min_p)
+
+    def _next_key(self) -> mx.array:
+        self._key, key = mx.random.split(self._key)
+        return key
+
+    def _accept_greedy(self, drafts: mx.array | None,
+                       logits: mx.array) -> tuple[list[int], int, int]:
+        choices = mx.argmax(logits, axis=-1)
+        mx.eval(choices, *([] if drafts is None else [drafts]))
+        wanted = choices.tolist()
+        proposed = [] if drafts is None else drafts.tolist()
+        accepted = 0
+        while accepted < len(proposed) and proposed[accepted] == wanted[accepted]:
+            accepted += 1
+        return proposed, accepted, int(wanted[accepted])
+
+    def _accept_sampled(self, drafts: mx.array | None, q: mx.array | None,
+                        logits: mx.array) -> tuple[list[int], int, int]:
+        """Rejection sampling: keep d_i while u_i < p_i(d_i) / q_i(d_i); then draw the
+        correction from max(p - q, 0), or the bonus from p after the last proposal."""
+        p = mx.stack([mx.softmax(self._filtered(row), axis=-1) for row in logits])
+        if drafts is None or q is None:
+            return [], 0, self._draw(p[0])
+        rows = mx.arange(drafts.shape[0])
+        ratio = p[rows, drafts] / q[rows, drafts]
+        keep = mx.random.uniform(shape=ratio.shape, key=self._next_key()) < ratio
+        mx.eval(drafts, keep)
+        proposed, kept = drafts.tolist(), keep.tolist()
+        accepted = kept.index(False) if False in kept else len(kept)
+        if accepted == len(proposed):
+            return proposed, accepted, self._draw(p[accepted])
+        residual = mx.maximum(p[accepted] - q[accepted], 0.0)
+        dist = mx.where(residual.sum() > 0, residual, p[accepted])
+        return proposed, accepted, self._draw(dist)
+
+    def _draw(self, dist: mx.array) -> int:
+        """One token from an (unnormalised) distribution; zero-probability tokens never."""
+        return int(mx.random.categorical(mx.log(dist), key=self._next_key()).item())
