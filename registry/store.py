@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterable, Iterable, Iterator
@@ -32,6 +33,9 @@ from registry.names import Name
 PRUNE_GRACE_SECONDS = 3600.0
 _FLUSH_BYTES = 4 * 1024 * 1024
 TMP_PREFIX = ".tmp-"
+# workflows/create/stage.py stages a create's files in `<models>/.create-<id>/` (registry may not
+# import workflows, so the name is repeated here; a test checks the two agree).
+CREATE_STAGE_PREFIX = ".create-"
 
 
 @dataclass(frozen=True)
@@ -378,10 +382,22 @@ class Store:
                 if Digest.is_valid(path.name):
                     self.metadata_path(Digest.parse(path.name)).unlink(missing_ok=True)
                 removed.append(path)
-            for path in self._iter_files(self.manifests_dir, recursive=True):
-                if path.name.startswith(TMP_PREFIX) and now - _mtime(path) >= grace:
-                    path.unlink(missing_ok=True)
-                    removed.append(path)
+            for directory in (self.manifests_dir, self.metadata_dir):
+                for path in self._iter_files(directory, recursive=True):
+                    if path.name.startswith(TMP_PREFIX) and now - _mtime(path) >= grace:
+                        path.unlink(missing_ok=True)
+                        removed.append(path)
+            removed += self._prune_create_stages(now, grace)
+        return removed
+
+    def _prune_create_stages(self, now: float, grace: float) -> list[Path]:
+        """Staging dirs of creates that died without cleaning up (a crash or a kill): a live
+        create removes its own, and prune runs as the server starts, before any create."""
+        removed = []
+        for path in self.root.glob(f"{CREATE_STAGE_PREFIX}*"):
+            if path.is_dir() and not path.is_symlink() and now - _mtime(path) >= grace:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
         return removed
 
     @staticmethod

@@ -78,6 +78,9 @@ def run_gc(args: argparse.Namespace, settings: Settings) -> int:
     verb = "would delete" if args.dry_run else "deleted"
     for digest in report.swept:
         print(f"{verb} {digest}")
-    print(f"{len(report.marked)} referenced, {verb} {len(report.swept)} blobs "
-          f"({report.freed_bytes} bytes), kept {len(report.kept_young)} recent unreferenced")
+    for key in report.staging_swept:
+        print(f"{verb} staging leftover {key}")
+    print(f"{len(report.marked)} referenced, {verb} {len(report.swept)} blobs and "
+          f"{len(report.staging_swept)} staging leftovers ({report.freed_bytes} bytes), "
+          f"kept {len(report.kept_young)} recent unreferenced")
     return 0

@@ -6,6 +6,7 @@ that is not marked goes, unless it is younger than the grace period or a reposit
 within the grace period: that is how an upload or mount in flight, whose manifest has not
 arrived yet, keeps its blobs (uploads re-publish, so even a deduplicated blob looks young).
 Ages are read blob by blob during the sweep, so a blob touched during the mark survives.
+Staged `*.tmp-*` objects past the grace period go too: a writer that crashed mid-commit left them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class GCReport:
     swept: list[Digest] = field(default_factory=list)
     kept_young: list[Digest] = field(default_factory=list)
     freed_bytes: int = 0
+    staging_swept: list[str] = field(default_factory=list)  # keys of stale `.tmp-` leftovers
 
 
 async def collect_garbage(
@@ -56,7 +58,20 @@ async def collect_garbage(
         report.freed_bytes += size
         if not dry_run:
             await _sweep(store, digest, repos)
+    await _sweep_staging(store, now - grace, dry_run, report)
     return report
+
+
+async def _sweep_staging(store: BlobStore, before: float, dry_run: bool,
+                         report: GCReport) -> None:
+    """Staged objects last written before `before`: a live write touches its file far more
+    often than the grace period, so an old one has no writer left."""
+    for key, stat in await store.staged():
+        if stat.mtime < before:
+            report.staging_swept.append(key)
+            report.freed_bytes += stat.size
+            if not dry_run:
+                await store.delete(key)
 
 
 async def _mark_repository(store: BlobStore, repo: str, marked: set[Digest]) -> None:

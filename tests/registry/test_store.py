@@ -235,3 +235,27 @@ def test_an_ollama_written_models_dir_lists_shows_and_deletes(settings):
     store.delete_model(Name.parse_valid("my.registry:5000/t/phi"))
     assert not (settings.models_dir / "manifests/my.registry:5000").exists()
     assert list_tags(store) == []  # only the corrupt manifest is left, and it is skipped
+
+
+def test_prune_removes_old_create_staging_dirs_and_metadata_temp_files(store):
+    from workflows.create.stage import STAGE_PREFIX  # the name create really stages under
+
+    blob = store.write_blob_bytes(b"weights")
+    crashed = store.root / f"{STAGE_PREFIX}0123456789abcdef"
+    (crashed / "sub").mkdir(parents=True)
+    os.link(store.blob_path(blob), crashed / "sub" / "model.safetensors")
+    running = store.root / f"{STAGE_PREFIX}fedcba9876543210"
+    running.mkdir()
+    store.metadata_dir.mkdir(parents=True, exist_ok=True)
+    stale_tmp = store.metadata_dir / ".tmp-sha256-abc.json-123456"
+    young_tmp = store.metadata_dir / ".tmp-sha256-def.json-654321"
+    for path in (stale_tmp, young_tmp):
+        path.write_bytes(b"{")
+    old = time.time() - 2 * HOUR
+    for path in (crashed, stale_tmp):
+        os.utime(path, (old, old))
+
+    removed = set(store.prune())
+    assert {crashed, stale_tmp} <= removed
+    assert not crashed.exists() and not stale_tmp.exists()
+    assert running.is_dir() and young_tmp.exists()  # young: a create or write in progress

@@ -7,7 +7,7 @@ the one conformance suite in `tests/registry/service/test_storage.py`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,6 +73,10 @@ class BlobStore(Protocol):
 
     async def list(self, prefix: str) -> list[str]:
         """Names of the direct children under `prefix`, sorted; [] when there are none."""
+
+    async def staged(self) -> Sequence[tuple[str, Stat]]:
+        """Every `<key>.tmp-<id>` in the store (a write in progress, or one a crash left behind),
+        with its Stat, so gc can sweep the old ones; `list` never shows them."""
 
     def redirect_url(self, key: str) -> str | None:
         """A URL the client may fetch `key` from directly; None means the caller serves it."""

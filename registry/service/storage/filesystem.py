@@ -15,7 +15,7 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -176,8 +176,23 @@ class FilesystemStore:
             return []
         return sorted(n for n in names if ".tmp-" not in n)
 
+    async def staged(self) -> Sequence[tuple[str, Stat]]:
+        return await self._offload(_staged_files, str(self.root))
+
     def redirect_url(self, key: str) -> str | None:
         return None
+
+
+def _staged_files(root: str) -> list[tuple[str, Stat]]:
+    found = []
+    for directory, _, names in os.walk(root):
+        for name in names:
+            if ".tmp-" in name:
+                path = os.path.join(directory, name)
+                with contextlib.suppress(FileNotFoundError):  # published meanwhile
+                    st = os.stat(path)
+                    found.append((os.path.relpath(path, root), Stat(st.st_size, st.st_mtime)))
+    return sorted(found)
 
 
 def _cached_pread(fd: int, size: int, position: int) -> memoryview | None:

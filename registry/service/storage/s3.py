@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -277,6 +277,21 @@ class S3Store:
                 break
             token = page["NextContinuationToken"]
         return sorted({n.removesuffix(SEGMENTS) for n in names if n and ".tmp-" not in n})
+
+    async def staged(self) -> Sequence[tuple[str, Stat]]:
+        """A staged key may be a plain object or segments (`<key>.tmp-<id>.seg/...`): segments
+        are summed into one entry, with the newest segment's time."""
+        found: dict[str, Stat] = {}
+        for obj in await self._objects(self.prefix):
+            key = obj["Key"][len(self.prefix):]
+            if SEGMENTS + "/" in key:
+                key = key.rsplit(SEGMENTS + "/", 1)[0]
+            if ".tmp-" not in key.rsplit("/", 1)[-1]:
+                continue
+            seen = found.get(key, Stat(0, 0.0))
+            found[key] = Stat(seen.size + obj["Size"],
+                              max(seen.mtime, obj["LastModified"].timestamp()))
+        return sorted(found.items())
 
     def redirect_url(self, key: str) -> str | None:
         if self.redirect_ttl <= 0:

@@ -126,3 +126,22 @@ async def test_a_manifest_push_refreshes_old_links_so_gc_spares_its_blobs(
     report = await collect_garbage(FilesystemStore(registry_root), grace=3600)
     assert Digest.parse(config) in report.kept_young
     assert (registry_root / key).exists()
+
+
+def test_gc_command_removes_old_staging_leftovers_and_keeps_young_ones(
+    registry_root: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    crashed = [blob_key(sha(b"half")) + ".tmp-dead", paths.tag_current(REPO, "v1") + ".tmp-0a"]
+    young = blob_key(sha(b"busy")) + ".tmp-live"
+    for key in (*crashed, young):
+        (registry_root / key).parent.mkdir(parents=True, exist_ok=True)
+        (registry_root / key).write_bytes(b"partial")
+    age(registry_root, *crashed)
+    assert main(["registry", "gc", "--root", str(registry_root), "--dry-run"]) == 0
+    assert all((registry_root / key).exists() for key in crashed)
+    assert main(["registry", "gc", "--root", str(registry_root)]) == 0
+    out = capsys.readouterr().out
+    assert all(f"deleted staging leftover {key}" in out for key in crashed)
+    assert "2 staging leftovers" in out
+    assert not any((registry_root / key).exists() for key in crashed)
+    assert (registry_root / young).exists()  # may be a write in progress

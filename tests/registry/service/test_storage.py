@@ -192,3 +192,16 @@ def test_filesystem_put_if_is_serialized_across_processes(tmp_path: Path) -> Non
         proc.join(60)
         assert proc.exitcode == 0
     assert asyncio.run(FilesystemStore(tmp_path).get("counter")) == b"200"
+
+
+async def test_staged_lists_tmp_keys_that_list_hides(store: BlobStore) -> None:
+    await store.put("a/published", b"x")
+    await store.append("a/blob.tmp-one", chunks(b"abc"))
+    await store.append("a/blob.tmp-one", chunks(b"de"))  # two segments on S3: one entry
+    await store.append("deep/er/key.tmp-two", chunks(b"z"))
+    staged = dict(await store.staged())
+    assert sorted(staged) == ["a/blob.tmp-one", "deep/er/key.tmp-two"]
+    assert staged["a/blob.tmp-one"].size == 5 and staged["a/blob.tmp-one"].mtime > 0
+    assert await store.list("a") == ["published"]
+    await store.delete("a/blob.tmp-one")
+    assert [key for key, _ in await store.staged()] == ["deep/er/key.tmp-two"]
