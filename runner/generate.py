@@ -28,7 +28,7 @@ import mlx.nn as nn
 from runner.kv_cache import KVCache
 from runner.prefix_cache import Match, PrefixCache
 from runner.sample import Options, Sampler
-from runner.speculative import DraftStats, Speculator
+from runner.speculative import DepthControl, DraftStats, Speculator
 from runner.tokenizer import ModelTokenizer
 
 PREFILL_CHUNK = 2048
@@ -125,6 +125,7 @@ class Generator:
         self.prefill_chunk = prefill_chunk
         self.draft = draft
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
+        self.depth_control = DepthControl()  # learned across requests, as in Ollama
         self._emission: Emission | None = None
 
     @property
@@ -181,7 +182,8 @@ class Generator:
         sampler = Sampler(options)
         speculator = None
         if self.draft is not None and match.draft is not None and not sampler.uses_history:
-            speculator = Speculator(self.model, self.draft, match.target, match.draft, options)
+            speculator = Speculator(self.model, self.draft, match.target, match.draft, options,
+                                    self.depth_control)
             rounds = speculator.rounds(prompt, budget, cancelled)
         else:
             rounds = self._plain_rounds(prompt, match.target, sampler, budget, cancelled)

@@ -6,7 +6,9 @@ however many of the proposals it keeps. Greedy: a proposal is kept while it equa
 argmax, and the target's own token follows (the correction, or a bonus when all were kept), so
 the output is the target's greedy output. Sampling: standard rejection sampling (keep d with
 probability min(1, p(d)/q(d)), else draw from max(p - q, 0) normalised), so the text follows the
-target's distribution (after the same temperature/top-k/top-p/min-p filtering).
+target's distribution (after the same temperature/top-k/top-p/min-p filtering). A draft whose
+proposals are mostly rejected only costs time, so `DepthControl` parks it (plain target rounds)
+and probes it again now and then.
 
 Cache invariant between rounds: the target cache holds every committed token but the last (the
 one the next forward feeds); the draft cache holds a prefix of that, and catches up on the
@@ -26,7 +28,11 @@ import mlx.nn as nn
 from runner.kv_cache import KVCache
 from runner.sample import Options, filter_logits
 
-DRAFT_DEPTH = 4  # proposals per round (no depth controller yet: a fixed depth)
+DRAFT_DEPTH = 4  # proposals per round
+PARK_BELOW = 0.3  # acceptance (EWMA) under which drafting stops paying for itself
+ACCEPT_ALPHA = 0.2  # EWMA weight of the latest round's acceptance
+PARK_ROUNDS = 8  # plain rounds before the first probe; doubles while probes fail
+MAX_PARK_ROUNDS = 256
 
 
 @dataclass
@@ -35,16 +41,47 @@ class DraftStats:
     accepted: int = 0
 
 
+class DepthControl:
+    """How many tokens to draft next round: `depth`, or 0 ("parked": plain decode) while the
+    acceptance rate is too low for drafting to pay, with a probe round after a parked stretch
+    that doubles each time the draft still disappoints. Counts only, never clocks, so the same
+    request decodes the same way on any machine. One per loaded model: it learns across
+    requests."""
+
+    def __init__(self, depth: int = DRAFT_DEPTH) -> None:
+        self.depth = depth
+        self.rate = 1.0
+        self.parked = 0
+        self.park_for = PARK_ROUNDS
+
+    def next_depth(self) -> int:
+        if self.parked > 0:
+            self.parked -= 1
+            return 0
+        return self.depth
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        self.rate += ACCEPT_ALPHA * (accepted / proposed - self.rate)
+        if self.rate >= PARK_BELOW:
+            self.park_for = PARK_ROUNDS
+            return
+        self.parked = self.park_for
+        self.park_for = min(2 * self.park_for, MAX_PARK_ROUNDS)
+
+
 class Speculator:
     """One request's speculative decode; `rounds` yields the tokens each round commits."""
 
     def __init__(self, target: nn.Module, draft: nn.Module, target_cache: list[KVCache],
-                 draft_cache: list[KVCache], options: Options, depth: int = DRAFT_DEPTH) -> None:
+                 draft_cache: list[KVCache], options: Options,
+                 control: DepthControl | None = None) -> None:
         self.target, self.draft = target, draft
         self.target_cache, self.draft_cache = target_cache, draft_cache
         self.options = options
         self.greedy = options.temperature <= 0
-        self.depth = depth
+        self.control = control if control is not None else DepthControl()
         seed = options.seed if options.seed is not None and options.seed >= 0 else None
         self._key = mx.random.key(seed if seed is not None else random.getrandbits(32))
         self.stats = DraftStats()
@@ -56,7 +93,7 @@ class Speculator:
         context = list(context)
         emitted = 0
         while emitted < budget and not cancelled():
-            new = self._round(context, min(self.depth, budget - emitted - 1))
+            new = self._round(context, min(self.control.next_depth(), budget - emitted - 1))
             context += new
             emitted += len(new)
             yield new
@@ -77,6 +114,7 @@ class Speculator:
             cache.rewind(before + 1 + min(accepted, depth - 1))
         self.stats.proposed += depth
         self.stats.accepted += accepted
+        self.control.observe(depth, accepted)
         return [*proposed[:accepted], following]
 
     def _propose(self, context: list[int], depth: int) -> tuple[mx.array, mx.array | None]:

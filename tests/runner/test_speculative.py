@@ -9,6 +9,7 @@ import threading
 import time
 
 import httpx
+import mlx.core as mx
 import mlx_models
 import pytest
 from conftest import serve_app
@@ -18,6 +19,7 @@ from runner.generate import Done, Generator
 from runner.load import load_model
 from runner.sample import Options
 from runner.server import build_app
+from runner.speculative import DepthControl, Speculator
 from runner.tokenizer import ModelTokenizer
 from workflows.create import CreateOptions, create
 
@@ -91,10 +93,27 @@ def test_the_target_as_its_own_draft_accepts_every_proposal(loaded_self):
     assert done.draft.accepted == done.draft.proposed
 
 
-def test_a_different_draft_is_rejected_sometimes_and_output_is_unchanged(model_store, drafted):
+def test_a_draft_that_is_mostly_rejected_gets_parked(model_store, drafted):
     loaded, tokenizer = _load(model_store, drafted(1))
-    _, _, done = _generate(loaded, tokenizer, Options(temperature=0, num_predict=64))
+    _, _, done = _generate(loaded, tokenizer, Options(temperature=0, num_predict=200))
     assert done.draft is not None and done.draft.accepted < done.draft.proposed
+    assert done.draft.proposed < 200  # drafting every round would propose ~4 per token
+
+
+def test_depth_control_parks_a_failing_draft_probes_it_and_resumes():
+    control = DepthControl(depth=4)
+    depths = []
+    for _ in range(40):
+        depth = control.next_depth()
+        depths.append(depth)
+        control.observe(depth, 0)
+    assert depths[:6] == [4] * 6 and depths[6:14] == [0] * 8  # parked after 6 misses
+    assert depths[14] == 4 and depths[15:31] == [0] * 16  # a failed probe doubles the park
+    while control.next_depth() == 0:
+        pass
+    for _ in range(3):
+        control.observe(4, 4)  # the draft got good: drafting resumes at full depth
+    assert [control.next_depth() for _ in range(3)] == [4, 4, 4]
 
 
 def test_sampling_with_a_draft_is_seeded_and_accepts_its_own_proposals(loaded_self):
@@ -140,3 +159,21 @@ def _wait_ready(url: str) -> dict:
             return status
         time.sleep(0.05)
     raise AssertionError("runner did not load")
+
+
+def test_rejection_sampling_emits_the_targets_distribution():
+    """Draft q far from target p: the first token of a round must still follow p."""
+    p = mx.array([0.5, 0.3, 0.15, 0.05])
+    q = mx.array([0.1, 0.2, 0.3, 0.4])
+    options = Options(temperature=1.0, top_k=0, top_p=1.0, seed=3)
+    speculator = Speculator(None, None, [], [], options)  # models unused by the acceptance step
+    logits = mx.stack([mx.log(p), mx.log(p)])
+    key, trials = mx.random.key(5), 3000
+    drafts = mx.random.categorical(mx.log(q), shape=(trials,), key=key).tolist()
+    counts = [0] * 4
+    for d in drafts:
+        _, accepted, following = speculator._accept_sampled(mx.array([d], dtype=mx.uint32),
+                                                            q[None], logits)
+        counts[d if accepted else following] += 1
+    observed = [c / trials for c in counts]
+    assert all(abs(o - e) < 0.03 for o, e in zip(observed, p.tolist(), strict=True)), observed
