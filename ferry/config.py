@@ -83,6 +83,7 @@ class Settings:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     noprune: bool = False
+    max_request_body_bytes: int = 32 * 1024 * 1024  # JSON bodies of the model API (413 above)
     # registry service
     registry_root: Path = field(default_factory=lambda: Path.home() / ".ferry" / "registry")
     registry_host: str = DEFAULT_HOST
@@ -135,6 +136,8 @@ class Settings:
             host=host,
             port=port,
             noprune=_flag(env, "FERRY_NOPRUNE"),
+            max_request_body_bytes=_int(env, "FERRY_MAX_REQUEST_BYTES", 32 * 1024 * 1024,
+                                        minimum=1024),
             registry_root=reg_root,
             registry_host=reg_host,
             registry_port=reg_port,

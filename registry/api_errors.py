@@ -26,6 +26,8 @@ from registry.errors import (
 )
 
 log = logging.getLogger("ferry.api")
+# The limit when the app carries no settings (`app.state.settings.max_request_body_bytes`).
+DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 
 _STATUS: list[tuple[type[FerryError], int]] = [
     (NotFound, 404),
@@ -74,8 +76,9 @@ async def handle_ferry_error(request: Request, exc: Exception) -> Response:
 
 
 async def read_json(request: Request) -> dict:
-    """The request body as a JSON object, or a 400 that says what is wrong with it."""
-    body = await request.body()
+    """The request body as a JSON object, or a 400 that says what is wrong with it; a body over
+    the app's limit is a 413 (TooLarge)."""
+    body = await read_limited(request, body_limit(request))
     if not body:
         return {}
     try:
@@ -85,6 +88,27 @@ async def read_json(request: Request) -> dict:
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
     return data
+
+
+def body_limit(request: Request) -> int:
+    settings = getattr(request.app.state, "settings", None)
+    return int(getattr(settings, "max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES))
+
+
+async def read_limited(request: Request, limit: int) -> bytes:
+    """The body, counted as it streams in: a declared or actual size over `limit` is refused
+    before more than `limit` bytes are held, so a huge body never fills memory."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise TooLarge("request body", limit)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge("request body", limit)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def require_str(data: dict, *keys: str) -> str:
