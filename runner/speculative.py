@@ -60,6 +60,12 @@ class DepthControl:
             return 0
         return self.depth
 
+    def take_parked(self, limit: int) -> int:
+        """How many plain rounds to run now (at most `limit`); 0 when drafting is on."""
+        taken = min(self.parked, limit)
+        self.parked -= taken
+        return taken
+
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
@@ -93,10 +99,30 @@ class Speculator:
         context = list(context)
         emitted = 0
         while emitted < budget and not cancelled():
-            new = self._round(context, min(self.control.next_depth(), budget - emitted - 1))
-            context += new
-            emitted += len(new)
-            yield new
+            parked = self.control.take_parked(budget - emitted)
+            rounds = self._plain(context, parked, cancelled) if parked else \
+                iter([self._round(context, min(self.control.depth, budget - emitted - 1))])
+            for new in rounds:
+                context += new
+                emitted += len(new)
+                yield new
+
+    def _plain(self, context: list[int], count: int,
+               cancelled: Callable[[], bool]) -> Iterator[list[int]]:
+        """`count` target-only tokens, pipelined as in plain decode (the draft cache lags and
+        catches up at the next proposal)."""
+        def step(token: mx.array) -> mx.array:
+            return self._pick(self.target(token.reshape(1, 1), self.target_cache)[0, -1])[0]
+
+        y: mx.array | None = step(mx.array(context[-1], dtype=mx.uint32))
+        for i in range(count):
+            assert y is not None
+            following = step(y) if i + 1 < count else None
+            mx.async_eval(y if following is None else following)
+            yield [int(y.item())]
+            if cancelled():
+                return
+            y = following
 
     def _round(self, context: list[int], depth: int) -> list[int]:
         before = len(context) - 1

@@ -177,3 +177,19 @@ def test_rejection_sampling_emits_the_targets_distribution():
         counts[d if accepted else following] += 1
     observed = [c / trials for c in counts]
     assert all(abs(o - e) < 0.03 for o, e in zip(observed, p.tolist(), strict=True)), observed
+
+
+def test_a_second_turn_reuses_target_and_draft_caches(loaded_self):
+    loaded, tokenizer = loaded_self
+    options = Options(temperature=0, num_predict=24)
+    warm = Generator(loaded.model, tokenizer, loaded.context_length, draft=loaded.draft)
+    list(warm.generate(PROMPT, options))
+    second = PROMPT + warm.tokens + [5, 77, 901]
+    match = warm.prefix_cache.lookup(second, len(loaded.model.layers), len(loaded.draft.layers))
+    assert match.draft is not None and match.draft[0].offset >= len(PROMPT) + 20
+    *_, done = warm.generate(second, options)
+    cold = Generator(loaded.model, tokenizer, loaded.context_length)
+    list(cold.generate(second, options))
+    assert done.prompt_cached == len(PROMPT) + 23 and done.prompt_eval_count == 4
+    assert warm.tokens == cold.tokens
+    assert done.draft is not None and done.draft.accepted == done.draft.proposed > 0
