@@ -17,6 +17,7 @@ picks float32 on a CPU when the float32 weights fit the memory budget, else nati
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -207,7 +208,7 @@ def load_model(store: Store, name: str, compute: str = "auto",
 
     model = load_weights(store, name, files.config, files.tensor_blobs, path, "", step)
     draft = None
-    if files.draft_config is not None:
+    if files.draft_config is not None and _draft_fits(name, files):
         offset = len(files.tensor_blobs)
         draft = load_weights(store, f"{name} (draft)", files.draft_config, files.draft_blobs,
                              path, files.draft_prefix, lambda done: step(offset + done))
@@ -215,6 +216,17 @@ def load_model(store: Store, name: str, compute: str = "auto",
     nbytes = sum(a.nbytes for m in (model, draft) if m is not None
                  for _, a in tree_flatten(m.parameters()))
     return LoadedModel(model, files, path, nbytes, time.perf_counter() - started, draft)
+
+
+def _draft_fits(name: str, files: ModelFiles) -> bool:
+    """A draft must score the target's token ids: same vocabulary size, or it is not used
+    (the model still runs, without speculation)."""
+    ours, theirs = files.config.get("vocab_size"), (files.draft_config or {}).get("vocab_size")
+    if ours == theirs:
+        return True
+    print(f"model {name}: draft vocabulary ({theirs}) differs from the model's ({ours}); "
+          "decoding without the draft", file=sys.stderr, flush=True)
+    return False
 
 
 def load_weights(store: Store, name: str, config: dict[str, Any],

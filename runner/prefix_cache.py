@@ -27,11 +27,7 @@ class Entry:
     tokens: tuple[int, ...]
     target: list[KVCache]
     draft: list[KVCache] | None
-
-    @property
-    def nbytes(self) -> int:
-        caches = self.target + (self.draft or [])
-        return sum(c.nbytes() for c in caches)
+    nbytes: int = 0  # fixed once recorded: an entry's caches are never written again
 
 
 @dataclass
@@ -58,13 +54,14 @@ class PrefixCache:
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[int, Entry] = OrderedDict()
         self._next_id = 0
+        self._bytes = 0  # kept as a running total: /v1/status reads it from another thread
 
     def __len__(self) -> int:
         return len(self._entries)
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values())
+        return self._bytes
 
     def lookup(self, prompt: list[int], num_layers: int,
                draft_layers: int | None) -> Match:
@@ -97,19 +94,21 @@ class PrefixCache:
         for cache in target + (draft or []):
             cache.rewind(length)
         for old_id in [k for k, e in self._entries.items() if e.tokens == key[:len(e.tokens)]]:
-            del self._entries[old_id]  # a prefix of the new entry: nothing it could serve
-        self._entries[self._next_id] = Entry(key, target, draft)
+            self._bytes -= self._entries.pop(old_id).nbytes  # a prefix of the new entry
+        nbytes = sum(c.nbytes() for c in target + (draft or []))
+        self._entries[self._next_id] = Entry(key, target, draft, nbytes)
         self._next_id += 1
+        self._bytes += nbytes
         self._evict()
 
     def _evict(self) -> None:
-        total = self.nbytes
-        while self._entries and total > self.budget_bytes:
+        while self._entries and self._bytes > self.budget_bytes:
             _, entry = self._entries.popitem(last=False)
-            total -= entry.nbytes
+            self._bytes -= entry.nbytes
 
     def clear(self) -> None:
         self._entries.clear()
+        self._bytes = 0
 
 
 def _fresh(num_layers: int) -> list[KVCache]:

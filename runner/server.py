@@ -138,7 +138,8 @@ def build_app(store: Store, name: str, compute: str = "auto",
             "memory": {"rss": psutil.Process().memory_info().rss,
                        "weights": loaded.weights_bytes if loaded else 0},
             "compute": loaded.compute if loaded else compute, "blas": blas_library(),
-            "draft": loaded is not None and loaded.draft is not None})
+            "draft": loaded is not None and loaded.draft is not None,
+            "prefix_cache": _prefix_cache_status(state.generator)})
 
     async def tokenize(request: Request) -> Response:
         if state.tokenizer is None:
@@ -173,6 +174,13 @@ def build_app(store: Store, name: str, compute: str = "auto",
     state.worker.submit(lambda: load_into(state, store, failed))
     app.state.runner = state
     return app
+
+
+def _prefix_cache_status(generator: Generator | None) -> dict[str, int]:
+    cache = generator.prefix_cache if generator is not None else None
+    if cache is None:
+        return {"entries": 0, "bytes": 0, "budget": 0}
+    return {"entries": len(cache), "bytes": cache.nbytes, "budget": cache.budget_bytes}
 
 
 async def _json(request: Request) -> Any:

@@ -143,9 +143,10 @@ def test_runner_reports_the_draft_and_its_acceptance(model_store, drafted):
     app = build_app(model_store, drafted(0), "float32")
     with serve_app(app) as url:
         status = _wait_ready(url)
-        assert status["draft"] is True
+        assert status["draft"] is True and status["prefix_cache"]["entries"] == 0
         body = {"prompt": "hello", "options": {"temperature": 0, "num_predict": 12}}
         lines = httpx.post(f"{url}/v1/completions", json=body, timeout=60).text.splitlines()
+        assert httpx.get(f"{url}/v1/status").json()["prefix_cache"]["entries"] == 1
     final = json.loads(lines[-1])
     assert final["done"] is True
     assert final["draft_accepted"] == final["draft_proposed"] > 0
