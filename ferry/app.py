@@ -63,7 +63,8 @@ def build_registry_app(settings: Settings) -> Starlette:
 
     return build(settings.registry_root, store=registry_store(settings),
                  max_manifest_bytes=settings.max_manifest_bytes,
-                 upload_session_ttl=settings.upload_session_ttl)
+                 upload_session_ttl=settings.upload_session_ttl,
+                 max_blob_bytes=settings.registry_max_blob_bytes)
 
 
 def registry_store(settings: Settings) -> BlobStore:

@@ -89,6 +89,7 @@ class Settings:
     registry_host: str = DEFAULT_HOST
     registry_port: int = DEFAULT_REGISTRY_PORT
     max_manifest_bytes: int = 4 * 1024 * 1024
+    registry_max_blob_bytes: int = 0  # > 0: larger blob uploads are refused (413); 0: no limit
     upload_session_ttl: float = 24 * 3600.0
     registry_s3_bucket: str = ""  # set: store in this S3 bucket instead of registry_root
     registry_s3_prefix: str = ""
@@ -143,6 +144,7 @@ class Settings:
             registry_port=reg_port,
             max_manifest_bytes=_int(env, "FERRY_REGISTRY_MAX_MANIFEST_BYTES", 4 * 1024 * 1024,
                                     minimum=1024),
+            registry_max_blob_bytes=_int(env, "FERRY_REGISTRY_MAX_BLOB_BYTES", 0),
             upload_session_ttl=_duration(env, "FERRY_REGISTRY_UPLOAD_TTL", 24 * 3600.0),
             registry_s3_bucket=env.get("FERRY_REGISTRY_S3_BUCKET", "").strip(),
             registry_s3_prefix=env.get("FERRY_REGISTRY_S3_PREFIX", "").strip(),

@@ -71,13 +71,14 @@ def build_registry_app(
     store: BlobStore | None = None,
     max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
     upload_session_ttl: float = DEFAULT_UPLOAD_SESSION_TTL,
+    max_blob_bytes: int = 0,
 ) -> Starlette:
     """The /v2 app over `store`, or over a FilesystemStore at `root`."""
     if store is None:
         if root is None:
             raise ValueError("build_registry_app needs a root directory or a store")
         store = FilesystemStore(root)
-    registry = Registry.open(store, max_manifest_bytes, upload_session_ttl)
+    registry = Registry.open(store, max_manifest_bytes, upload_session_ttl, max_blob_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

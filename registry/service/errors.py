@@ -44,6 +44,7 @@ ERROR_CODES: dict[str, tuple[str, int, str]] = {
     "NAME_UNKNOWN": ("NAME_UNKNOWN", 404, "repository name not known to registry"),
     "SIZE_INVALID": ("SIZE_INVALID", 400, "provided length did not match content length"),
     "BODY_TOO_LARGE": ("SIZE_INVALID", 413, "request body too large"),
+    "BLOB_TOO_LARGE": ("SIZE_INVALID", 413, "blob too large"),
     "UPLOAD_RANGE_INVALID": ("BLOB_UPLOAD_INVALID", 416, "chunk does not start at the offset"),
     "RANGE_NOT_SATISFIABLE": ("BLOB_UNKNOWN", 416, "requested range not satisfiable"),
     "PAGINATION_NUMBER_INVALID": ("PAGINATION_NUMBER_INVALID", 400,

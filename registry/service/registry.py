@@ -29,12 +29,14 @@ class Registry:
         store: BlobStore,
         max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
         upload_session_ttl: float = DEFAULT_UPLOAD_SESSION_TTL,
+        max_blob_bytes: int = 0,
     ) -> Registry:
+        """`max_blob_bytes`: the largest blob an upload may store; 0 means no limit."""
         blobs = Blobs(store)
         return cls(
             store=store,
             blobs=blobs,
-            uploads=Uploads(store, blobs, upload_session_ttl),
+            uploads=Uploads(store, blobs, upload_session_ttl, max_blob_bytes),
             tags=TagStore(store),
             revisions=Revisions(store, blobs, max_manifest_bytes),
             max_manifest_bytes=max_manifest_bytes,

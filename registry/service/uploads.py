@@ -52,10 +52,13 @@ def range_header(offset: int) -> str:
 
 
 class Uploads:
-    def __init__(self, store: BlobStore, blobs: Blobs, ttl: float) -> None:
+    def __init__(self, store: BlobStore, blobs: Blobs, ttl: float, max_blob_bytes: int = 0
+                 ) -> None:
+        """`max_blob_bytes` > 0: a session that would grow past it is refused (413) and dropped."""
         self.store = store
         self.blobs = blobs
         self.ttl = ttl
+        self.max_blob_bytes = max_blob_bytes
         self._hashers: dict[str, Hasher] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -114,12 +117,30 @@ class Uploads:
     ) -> None:
         hasher = await self._hasher(repo, upload_id, offset)
         try:
-            await self.store.append(paths.upload_data(repo, upload_id), _nonempty(body),
+            await self.store.append(paths.upload_data(repo, upload_id),
+                                    self._within_limit(_nonempty(body), offset),
                                     observe=hasher.update)
+        except _BlobTooLarge:
+            # it can never become a valid blob: drop the session and its bytes, keep nothing
+            await self._drop(repo, upload_id)
+            raise RegistryError("BLOB_TOO_LARGE", f"blob exceeds the limit of "
+                                f"{self.max_blob_bytes} bytes",
+                                detail={"limit": self.max_blob_bytes}) from None
         finally:
             stat = await self.store.stat(paths.upload_data(repo, upload_id))
             if stat is None or stat.size != hasher.size:
                 self._hashers.pop(upload_id, None)  # rebuilt from storage next time
+
+    async def _within_limit(self, body: AsyncIterable[bytes], offset: int
+                            ) -> AsyncIterator[bytes]:
+        """The body, counted onto `offset`: the chunk that would cross the limit is never
+        passed on, so a session holds at most `max_blob_bytes` bytes."""
+        size = offset
+        async for chunk in body:
+            size += len(chunk)
+            if 0 < self.max_blob_bytes < size:
+                raise _BlobTooLarge
+            yield chunk
 
     async def _hasher(self, repo: str, upload_id: str, offset: int) -> Hasher:
         """A hasher over the session's first `offset` bytes, from cache or by rehashing."""
@@ -198,6 +219,10 @@ class Uploads:
                     if stat and (newest is None or stat.mtime > newest):
                         newest = stat.mtime
         return newest
+
+
+class _BlobTooLarge(Exception):
+    """Raised inside the body stream, so the store stops appending; mapped to 413 above."""
 
 
 async def _nonempty(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
