@@ -213,7 +213,11 @@ class Generator:
             return token
 
         count = 0
-        y = step(mx.array(prompt[-1:], dtype=mx.uint32)) if budget > 0 else None
+        # a cancelled prefill stopped short: feeding the last token now would put it at the
+        # wrong position in a cache that the prefix cache keeps
+        y = None
+        if budget > 0 and not cancelled():
+            y = step(mx.array(prompt[-1:], dtype=mx.uint32))
         if y is not None:
             mx.async_eval(y)
         while y is not None and not cancelled():

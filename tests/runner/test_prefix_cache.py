@@ -159,3 +159,15 @@ def _wait_ready(url: str) -> None:
     while httpx.get(f"{url}/v1/status").json()["status"] != "ready":
         assert time.monotonic() < deadline, "runner did not load"
         time.sleep(0.05)
+
+
+def test_a_prefill_cancelled_halfway_leaves_a_cache_the_next_request_can_trust(tiny):
+    calls = iter(range(1000))
+    generator = _generator(tiny, prefill_chunk=4)
+    prompt = [*PROMPT, 11, 12, 13, 14, 15, 16]
+    pieces = list(generator.generate(prompt, GREEDY, cancelled=lambda: next(calls) >= 2))
+    assert pieces[-1].eval_count == 0
+    again_tokens, again = _turn(generator, prompt)
+    assert again.prompt_cached == 8  # the two chunks that ran
+    cold_tokens, _ = _turn(_generator(tiny), prompt)
+    assert again_tokens == cold_tokens
