@@ -7,13 +7,16 @@
         _manifests/revisions/sha256/<hex>                 link: this repo holds the manifest;
                                                           content is the manifest media type
         _manifests/tags/<tag>/current                     the digest the tag points at now
-        _manifests/tags/<tag>/history                     one line per tag move: "<ns> <digest>"
+                                                          (synced to history's last line)
+        _manifests/tags/<tag>/history                     one line per tag move: "<ns> <digest>",
+                                                          rewritten by compare-and-swap (tags.py)
         _referrers/sha256/<subject-hex>/<hex>             a manifest whose `subject` is
                                                           <subject-hex>; content: its descriptor
         _uploads/<uuid>/session                           JSON: started, repository
         _uploads/<uuid>/data                              the bytes received so far
 
-A `<key>.tmp-<id>` beside a key is that key being written; listings never show it.
+A `<key>.tmp-<id>` beside a key is that key being written; listings never show it, and gc
+removes those older than its grace period (a crash mid-commit leaves them).
 
 `_layers`, `_manifests`, `_referrers` and `_uploads` cannot clash with repository components,
 which never start with `_` (names.parse_repository). Links are small files, so a repository sees
