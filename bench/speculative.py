@@ -17,6 +17,7 @@ tokens; its prefill is timed on the warm generator and on a cold one.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import threading
@@ -110,7 +111,18 @@ def prefix_rows(store, workdir: Path, preset: str, n_prompt: int) -> None:
               f"{done.prompt_eval_duration / 1e6:>12.1f}")
 
 
+def preload_openblas() -> None:
+    """Re-exec with OpenBLAS preloaded, as `ferry runner` does: float32 GEMMs on the CPU."""
+    from ferry.commands.runner import OPENBLAS
+
+    preload = os.environ.get("LD_PRELOAD", "")
+    if OPENBLAS.is_file() and str(OPENBLAS) not in preload.split(":"):
+        env = {**os.environ, "LD_PRELOAD": f"{OPENBLAS}:{preload}" if preload else str(OPENBLAS)}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def main() -> None:
+    preload_openblas()
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny")
