@@ -100,8 +100,10 @@ class Speculator:
         emitted = 0
         while emitted < budget and not cancelled():
             parked = self.control.take_parked(budget - emitted)
-            rounds = self._plain(context, parked, cancelled) if parked else \
-                iter([self._round(context, min(self.control.depth, budget - emitted - 1))])
+            if parked:
+                rounds = self._plain(context, parked, cancelled)
+            else:
+                rounds = iter([self._round(context, min(self.control.depth, budget - emitted - 1))])
             for new in rounds:
                 context += new
                 emitted += len(new)
