@@ -11,7 +11,9 @@ import pytest
 
 from registry.names import Name
 from registry.store import Store
+from runner.load import load_model
 from runner.quant import parse_quant_type
+from runner.tokenizer import ModelTokenizer
 from workflows.create import CreateOptions, create
 
 CreateModel = Callable[..., str]
@@ -40,3 +42,14 @@ def created_model(model_store: Store, make_checkpoint) -> CreateModel:
         return made[key]
 
     return build
+
+
+# A tiny llama loaded in float32 with EOS disabled, for generation tests; token ids of a prompt.
+PROMPT = [0, 2, 379, 480, 203, 76, 698, 346, 351, 73, 3, 2]
+
+@pytest.fixture(scope="module")
+def tiny(model_store, created_model):
+    loaded = load_model(model_store, created_model("llama"), "float32")
+    tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
+    tokenizer.eos_ids.clear()  # random weights: let num_predict decide the length
+    return loaded, tokenizer

@@ -10,29 +10,21 @@ import time
 import httpx
 import mlx.core as mx
 import mlx_models
-import pytest
 from conftest import serve_app
 
 from runner.generate import Done, Generator
 from runner.kv_cache import KVCache
-from runner.load import load_model
 from runner.prefix_cache import PrefixCache
 from runner.sample import Options
 from runner.server import build_app
-from runner.tokenizer import ModelTokenizer
 
 model_store, created_model = mlx_models.model_store, mlx_models.created_model  # fixtures
+tiny = mlx_models.tiny
 
-PROMPT = [0, 2, 379, 480, 203, 76, 698, 346, 351, 73, 3, 2]
+PROMPT = mlx_models.PROMPT
 GREEDY = Options(temperature=0, num_predict=20)
 
 
-@pytest.fixture(scope="module")
-def tiny(model_store, created_model):
-    loaded = load_model(model_store, created_model("llama"), "float32")
-    tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
-    tokenizer.eos_ids.clear()  # random weights: let num_predict decide the length
-    return loaded, tokenizer
 
 
 def _generator(tiny, **kwargs) -> Generator:

@@ -17,19 +17,13 @@ from runner.generate import (
 )
 from runner.load import load_model
 from runner.sample import Options
-from runner.tokenizer import ModelTokenizer
 
 model_store, created_model = mlx_models.model_store, mlx_models.created_model  # fixtures
+tiny = mlx_models.tiny
 
-PROMPT = [0, 2, 379, 480, 203, 76, 698, 346, 351, 73, 3, 2]
+PROMPT = mlx_models.PROMPT
 
 
-@pytest.fixture(scope="module")
-def tiny(model_store, created_model):
-    loaded = load_model(model_store, created_model("llama"), "float32")
-    tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
-    tokenizer.eos_ids.clear()  # random weights: let num_predict decide the length
-    return loaded, tokenizer
 
 
 def _run(tiny, options: Options, prompt=PROMPT, **kwargs) -> tuple[list[str], Done]:

@@ -57,6 +57,13 @@ def _saved_completed(store: Store) -> dict[str, int]:
     return done
 
 
+def _bytes_on_disk(store: Store, raw: bytes, saved: dict[str, int]) -> int:
+    """What a resumed pull must not fetch again: finished blobs plus saved partial parts."""
+    return sum(saved.values()) + sum(
+        store.blob_size(d.digest) for d in parse_manifest(raw).references()
+        if store.has_blob(d.digest))
+
+
 async def test_pull_follows_the_cdn_redirect_without_sending_credentials(
         tmp_path: Path, source: Store, target: Store) -> None:
     with registry_with_cdn(tmp_path, source, cdn_host="cdn.test", token_auth=True) as (
@@ -138,9 +145,7 @@ async def test_cancelled_pull_resumes_without_refetching_bytes_on_disk(
         with pytest.raises(asyncio.CancelledError):
             await task
         saved = _saved_completed(target)
-        on_disk = sum(saved.values()) + sum(
-            target.blob_size(d.digest) for d in parse_manifest(raw).references()
-            if target.has_blob(d.digest))
+        on_disk = _bytes_on_disk(target, raw, saved)
         assert saved and 0 < on_disk < total
         cdn.delay = 0.0
         await _quiesce(cdn)
@@ -184,9 +189,7 @@ async def test_pull_killed_with_sigkill_resumes_from_its_part_states(
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         saved = _saved_completed(target)
-        on_disk = sum(saved.values()) + sum(
-            target.blob_size(d.digest) for d in parse_manifest(raw).references()
-            if target.has_blob(d.digest))
+        on_disk = _bytes_on_disk(target, raw, saved)
         assert saved and 0 < on_disk < total
         cdn.delay = 0.0
         await _quiesce(cdn)
