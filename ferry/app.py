@@ -9,15 +9,14 @@ from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 
+from ferry import __version__
 from ferry.config import Settings
-from registry import models_api, transfer_api
-from registry.api_errors import handle_ferry_error
 from registry.errors import FerryError
 from registry.service.storage.base import BlobStore
 from registry.store import Store
-from runner import chat_api, openai_api
-from runner.scheduler import Scheduler
-from workflows import create_api
+from server import chat_api, create_api, models_api, openai_api, transfer_api
+from server.api_errors import handle_ferry_error
+from server.scheduler import Scheduler
 
 log = logging.getLogger("ferry.server")
 
@@ -52,6 +51,7 @@ def build_model_server(settings: Settings) -> Starlette:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.version = __version__
     app.state.store = store
     app.state.scheduler = scheduler
     return app

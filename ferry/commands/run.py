@@ -22,7 +22,7 @@ from ferry.client import CLIError, ServerClient
 from ferry.commands.models import human_bytes, human_time, table
 from ferry.config import Settings
 from ferry.progress import show_progress
-from runner.scheduler import runner_env
+from server.scheduler import runner_env
 
 HELP = """Available Commands:
   /set system <text>             Set the system message

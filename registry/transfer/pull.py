@@ -20,7 +20,6 @@ from typing import Any
 import httpx
 
 from registry import media_types as mt
-from registry.api_stream import progress
 from registry.digests import Digest
 from registry.errors import DigestMismatch, FerryError, InvalidManifest, NotFound, TooLarge
 from registry.manifests import Descriptor, Manifest, parse_manifest
@@ -29,6 +28,7 @@ from registry.store import Store
 from registry.transfer.client import RegistryClient, TransferOptions, parse_target
 from registry.transfer.errors import TransferError
 from registry.transfer.partial import OrderedHasher, Part, PartialBlob
+from registry.transfer.progress import progress
 from registry.transfer.retry import ShortRead
 from registry.transfer.tasks import in_thread, run_all
 

@@ -19,13 +19,13 @@ from typing import Any
 import aiofiles
 import httpx
 
-from registry.api_stream import progress
 from registry.errors import InvalidName, NotFound
 from registry.manifests import Descriptor, parse_manifest
 from registry.names import Name
 from registry.store import Store
 from registry.transfer.client import RegistryClient, TransferOptions, parse_target
 from registry.transfer.errors import RegistryError
+from registry.transfer.progress import progress
 from registry.transfer.session import Reply
 from registry.transfer.tasks import run_all
 

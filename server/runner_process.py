@@ -1,6 +1,6 @@
 """One runner process as the scheduler sees it: the child, its stderr tail, its HTTP protocol.
 
-The scheduler (runner/scheduler.py) owns the bookkeeping (refs, keep-alive, eviction); this
+The scheduler (server/scheduler.py) owns the bookkeeping (refs, keep-alive, eviction); this
 module knows how to talk to one runner (docs/runner-protocol.md) and how to stop it for good.
 """
 
@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import httpx
 
-from registry.api_errors import APIError
+from server.api_errors import APIError
 
 log = logging.getLogger("ferry.runner")
 

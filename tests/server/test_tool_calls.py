@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runner.tool_calls import ToolCall, parse_tool_calls, tool_names
+from server.tool_calls import ToolCall, parse_tool_calls, tool_names
 
 NAMES = {"get_weather"}
 

@@ -21,12 +21,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from registry.api_errors import APIError, read_json, require_str
-from registry.api_stream import progress_response
 from registry.digests import Digest
 from registry.names import Name
 from registry.store import Store
 from runner.quant import QuantRuntimeUnavailable, load_mlx
+from server.api_errors import APIError, read_json, require_str
+from server.api_stream import progress_response
 from workflows.create import CreateOptions, create, modelfile_layers, publish
 from workflows.create.config_blob import apply_info, check_requires, parse_info
 from workflows.create.errors import CreateError

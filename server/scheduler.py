@@ -29,11 +29,11 @@ from typing import Any
 import psutil
 
 from registry import media_types as mt
-from registry.api_errors import APIError
 from registry.manifests import Manifest
 from registry.names import Name
 from registry.store import Store
-from runner.runner_process import RunnerError, RunnerProcess, format_bytes
+from server.api_errors import APIError
+from server.runner_process import RunnerError, RunnerProcess, format_bytes
 
 log = logging.getLogger("ferry.scheduler")
 

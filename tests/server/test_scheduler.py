@@ -17,7 +17,7 @@ from conftest import runner_processes
 from runner_fakes import add_model, fake_command
 
 from registry.names import Name
-from runner.scheduler import (
+from server.scheduler import (
     InsufficientMemory,
     RunnerError,
     Scheduler,

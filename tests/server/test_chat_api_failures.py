@@ -18,7 +18,7 @@ import pytest
 from conftest import runner_processes, serve_app
 from runner_fakes import add_model, fake_command
 
-from runner import scheduler as scheduler_module
+from server import scheduler as scheduler_module
 
 
 @pytest.fixture

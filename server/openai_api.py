@@ -18,11 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from registry.api_errors import APIError, error_message, read_json, status_for
 from registry.errors import FerryError
-from runner.chat_api import chat_messages, chat_runner_body
-from runner.chat_request import load_model_defaults, parse_name, refuse_unsupported
-from runner.completion import (
+from server.api_errors import APIError, error_message, read_json, status_for
+from server.chat_api import chat_messages, chat_runner_body
+from server.chat_request import load_model_defaults, parse_name, refuse_unsupported
+from server.completion import (
     Calls,
     ClientGone,
     CompletionJob,
@@ -32,8 +32,8 @@ from runner.completion import (
     run_completion,
     start_stream,
 )
-from runner.json_format import JSONFormat
-from runner.tool_calls import ToolCall, tool_names
+from server.json_format import JSONFormat
+from server.tool_calls import ToolCall, tool_names
 
 FINISH = {"stop": "stop", "length": "length"}
 Handler = Callable[[Request], Awaitable[Response]]

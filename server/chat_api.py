@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from registry.api_errors import APIError, error_message, read_json
 from registry.errors import FerryError
 from registry.names import Name
-from runner.chat_request import (
+from server.api_errors import APIError, error_message, read_json
+from server.chat_request import (
     ModelDefaults,
     expires_iso,
     load_model_defaults,
@@ -32,7 +32,7 @@ from runner.chat_request import (
     parse_name,
     refuse_unsupported,
 )
-from runner.completion import (
+from server.completion import (
     Calls,
     ClientGone,
     CompletionJob,
@@ -42,9 +42,9 @@ from runner.completion import (
     run_completion,
     start_stream,
 )
-from runner.json_format import JSONFormat, with_instruction
-from runner.scheduler import Scheduler
-from runner.tool_calls import ToolCall, tool_names
+from server.json_format import JSONFormat, with_instruction
+from server.scheduler import Scheduler
+from server.tool_calls import ToolCall, tool_names
 
 NDJSON = "application/x-ndjson"
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_name", "thinking")

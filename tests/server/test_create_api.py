@@ -13,8 +13,8 @@ import pytest
 from registry import media_types as mt
 from registry.digests import Digest
 from tests.conftest import serve_app
-
-from .helpers import read_model, stage_tree, upload_dir
+from tests.workflows.create.conftest import wide_checkpoint  # noqa: F401 (fixture)
+from tests.workflows.create.helpers import read_model, stage_tree, upload_dir
 
 
 def _post(url: str, body: dict) -> httpx.Response:
@@ -161,7 +161,7 @@ def test_oversized_metadata_file_is_refused(settings, make_checkpoint):
 
 def test_missing_mlx_is_503(model_server, store, make_checkpoint, monkeypatch):
     from runner.quant import QuantRuntimeUnavailable
-    from workflows import create_api
+    from server import create_api
 
     def unavailable():
         raise QuantRuntimeUnavailable("MLX is not available on this server (test)")

@@ -14,7 +14,7 @@ from typing import Any
 
 import jsonschema
 
-from registry.api_errors import APIError
+from server.api_errors import APIError
 
 MAX_ATTEMPTS = 3
 

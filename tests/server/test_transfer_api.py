@@ -14,8 +14,8 @@ from ferry.cli import main
 from registry.manifests import parse_manifest
 from registry.names import Name
 from registry.store import Store
-
-from .helpers import make_model, store_files
+from tests.registry.transfer.conftest import registry_host  # noqa: F401 (a fixture)
+from tests.registry.transfer.helpers import make_model, store_files
 
 
 def _ndjson(response: httpx.Response) -> list[dict]:
@@ -103,9 +103,8 @@ def test_https_registry_with_a_private_ca(tmp_path: Path, store: Store) -> None:
     from registry.service.app import build_registry_app
     from registry.transfer.pull import pull
     from registry.transfer.push import push
-
-    from .helpers import fast_options
-    from .tls import tls_server
+    from tests.registry.transfer.helpers import fast_options
+    from tests.registry.transfer.tls import tls_server
 
     target = Store(tmp_path / "target")
     with tls_server(build_registry_app(tmp_path / "reg"), "127.0.0.1", tmp_path) as (url, ca):
@@ -130,9 +129,8 @@ def test_a_client_disconnect_stops_the_pull_and_keeps_its_partial_blob(
     from conftest import serve_app
 
     from ferry.app import build_model_server
-
-    from .conftest import registry_with_cdn
-    from .helpers import fast_options
+    from tests.registry.transfer.conftest import registry_with_cdn
+    from tests.registry.transfer.helpers import fast_options
 
     source = Store(tmp_path / "source")
     with registry_with_cdn(tmp_path, source) as (host, cdn, _log):
@@ -170,8 +168,7 @@ def test_ssl_cert_file_lets_the_model_server_trust_a_private_registry(tmp_path: 
     from ferry.app import build_model_server
     from ferry.config import Settings
     from registry.service.app import build_registry_app
-
-    from .tls import tls_server
+    from tests.registry.transfer.tls import tls_server
 
     with tls_server(build_registry_app(tmp_path / "reg"), "127.0.0.1", tmp_path) as (reg, ca):
         settings = Settings.from_env({"FERRY_HOME": str(tmp_path / "home"), "SSL_CERT_FILE": ca})

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from registry.api_errors import APIError
 from registry.manifests import ModelConfig
 from registry.names import Name
-from runner.chat_request import ModelDefaults, merge_options, parse_keep_alive, refuse_unsupported
-from runner.json_format import JSONFormat, with_instruction
+from server.api_errors import APIError
+from server.chat_request import ModelDefaults, merge_options, parse_keep_alive, refuse_unsupported
+from server.json_format import JSONFormat, with_instruction
 
 
 def model(**fields) -> ModelDefaults:

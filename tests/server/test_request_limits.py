@@ -11,8 +11,8 @@ import pytest
 from conftest import serve_app
 from starlette.requests import Request
 
-from registry.api_errors import read_limited
 from registry.errors import TooLarge
+from server.api_errors import read_limited
 
 LIMIT = 4096
 ERROR = {"error": f"request body exceeds the limit of {LIMIT} bytes"}

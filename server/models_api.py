@@ -14,13 +14,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from ferry import __version__
-from registry.api_errors import APIError, read_json, require_str
 from registry.digests import Digest
 from registry.errors import InvalidName, NotFound
 from registry.model_show import IncompleteModel, list_tags, show_model
 from registry.names import Name
 from registry.store import Store
+from server.api_errors import APIError, read_json, require_str
 
 log = logging.getLogger("ferry.api")
 
@@ -36,7 +35,8 @@ async def root(request: Request) -> Response:
 
 
 async def version(request: Request) -> JSONResponse:
-    return JSONResponse({"version": __version__})
+    """The version the app was built with (`app.state.version`, set by whoever builds the app)."""
+    return JSONResponse({"version": getattr(request.app.state, "version", "0.0.0")})
 
 
 async def tags(request: Request) -> JSONResponse:

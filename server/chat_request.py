@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from registry import media_types as mt
-from registry.api_errors import APIError
 from registry.manifests import Manifest, ModelConfig
 from registry.names import Name
 from registry.store import Store
+from server.api_errors import APIError
 
 # Options the runner understands (docs/runner-protocol.md); Ollama ignores the rest too.
 RUNNER_OPTIONS = frozenset({"temperature", "top_k", "top_p", "min_p", "repeat_penalty",

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry.names import Name
-from runner.json_format import MAX_ATTEMPTS, JSONFormat
-from runner.scheduler import Lease, Scheduler
-from runner.tool_calls import ToolCall, parse_tool_calls
+from server.json_format import MAX_ATTEMPTS, JSONFormat
+from server.scheduler import Lease, Scheduler
+from server.tool_calls import ToolCall, parse_tool_calls
 
 
 @dataclass

@@ -16,22 +16,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from registry.api_errors import error_message, error_response
+from server.api_errors import error_message, error_response
 
 NDJSON = "application/x-ndjson"
 
-
-def progress(status: str, digest: str | None = None, total: int | None = None,
-             completed: int | None = None) -> dict[str, Any]:
-    """A progress message with Ollama's omitempty rules."""
-    msg: dict[str, Any] = {"status": status}
-    if digest:
-        msg["digest"] = digest
-    if total:
-        msg["total"] = total
-    if completed:
-        msg["completed"] = completed
-    return msg
 
 
 def _line(obj: dict[str, Any]) -> bytes:

@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from registry.api_errors import APIError, read_json, require_str
-from registry.api_stream import progress_response
 from registry.store import Store
 from registry.transfer.client import TransferOptions, parse_target
 from registry.transfer.pull import pull
 from registry.transfer.push import push
+from server.api_errors import APIError, read_json, require_str
+from server.api_stream import progress_response
 
 Operation = Callable[[str, Store, TransferOptions, Callable[[dict[str, Any]], None]],
                      Awaitable[None]]
