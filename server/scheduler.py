@@ -29,10 +29,10 @@ from typing import Any
 import psutil
 
 from registry import media_types as mt
+from registry.errors import FerryError
 from registry.manifests import Manifest
 from registry.names import Name
 from registry.store import Store
-from server.api_errors import APIError
 from server.runner_process import RunnerError, RunnerProcess, format_bytes
 
 log = logging.getLogger("ferry.scheduler")
@@ -45,16 +45,23 @@ Command = Callable[[str, int], list[str]]
 SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
 
 
-class InsufficientMemory(APIError):
+class InsufficientMemory(FerryError):
+    """A model does not fit even with every other runner stopped; sizes in bytes."""
+
     def __init__(self, needed: int, available: int, overhead: int) -> None:
-        super().__init__(500, f"model requires {format_bytes(needed)} but only "
-                              f"{format_bytes(max(available, 0))} are available "
-                              f"(after {format_bytes(overhead)} overhead)")
+        super().__init__(f"model requires {format_bytes(needed)} but only "
+                         f"{format_bytes(max(available, 0))} are available "
+                         f"(after {format_bytes(overhead)} overhead)")
+        self.needed = needed
+        self.available = available
+        self.overhead = overhead
 
 
-class SchedulerClosed(APIError):
+class SchedulerClosed(FerryError):
+    """A load was asked for after `Scheduler.close()` began."""
+
     def __init__(self) -> None:
-        super().__init__(503, "the model server is shutting down")
+        super().__init__("the model server is shutting down")
 
 
 def runner_command(name: str, port: int) -> list[str]:

@@ -18,10 +18,10 @@ from registry.names import Name
 from registry.transfer.auth import Authenticator
 from registry.transfer.errors import (
     AuthFailed,
-    RegistryError,
     RegistryNotFound,
     TransferError,
     TransientStatus,
+    UpstreamError,
 )
 from registry.transfer.retry import RetryPolicy, caused_by_tls, parse_retry_after
 from registry.transfer.safe import DnsResolver, RedirectPolicy, Resolver
@@ -141,4 +141,4 @@ async def raise_for_status(reply: Reply) -> None:
     if status == 429 or status >= 500:
         retry_after = parse_retry_after(reply.response.headers.get("retry-after"))
         raise TransientStatus(status, body, url, retry_after)
-    raise RegistryError(status, body, url)
+    raise UpstreamError(status, body, url)
