@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from server.durations import InvalidDuration, parse_duration
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 11434
 DEFAULT_REGISTRY_PORT = 5000
@@ -56,21 +58,15 @@ def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> in
 
 
 def _duration(env: Mapping[str, str], key: str, default: float) -> float:
-    """Seconds from `300`, `300s`, `5m`, `1h`; a negative value means forever."""
+    """Seconds from a Go duration (`30s`, `1h30m`) or a number of seconds, read the way a
+    request's keep_alive is; a negative value means forever."""
     raw = env.get(key, "").strip()
     if not raw:
         return default
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    for suffix in ("ms", "s", "m", "h"):
-        if raw.endswith(suffix):
-            number, scale = raw[: -len(suffix)], units[suffix]
-            break
-    else:
-        number, scale = raw, 1.0
     try:
-        return float(number) * scale
-    except ValueError as exc:
-        raise ConfigError(f"{key} must be a duration like 30s or 5m, got {raw!r}") from exc
+        return parse_duration(raw)
+    except InvalidDuration as exc:
+        raise ConfigError(f"{key} must be a duration like 30s or 1h30m, got {raw!r}") from exc
 
 
 @dataclass(frozen=True)
