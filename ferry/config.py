@@ -12,11 +12,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from registry.manifests import MAX_MANIFEST_BYTES
 from server.durations import InvalidDuration, parse_duration
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 11434
 DEFAULT_REGISTRY_PORT = 5000
+DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024  # JSON bodies of the model API (413 above)
 
 
 class ConfigError(ValueError):
@@ -79,12 +81,12 @@ class Settings:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     noprune: bool = False
-    max_request_body_bytes: int = 32 * 1024 * 1024  # JSON bodies of the model API (413 above)
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     # registry service
     registry_root: Path = field(default_factory=lambda: Path.home() / ".ferry" / "registry")
     registry_host: str = DEFAULT_HOST
     registry_port: int = DEFAULT_REGISTRY_PORT
-    max_manifest_bytes: int = 4 * 1024 * 1024
+    max_manifest_bytes: int = MAX_MANIFEST_BYTES
     registry_max_blob_bytes: int = 0  # > 0: larger blob uploads are refused (413); 0: no limit
     upload_session_ttl: float = 24 * 3600.0
     registry_s3_bucket: str = ""  # set: store in this S3 bucket instead of registry_root
@@ -133,12 +135,12 @@ class Settings:
             host=host,
             port=port,
             noprune=_flag(env, "FERRY_NOPRUNE"),
-            max_request_body_bytes=_int(env, "FERRY_MAX_REQUEST_BYTES", 32 * 1024 * 1024,
-                                        minimum=1024),
+            max_request_body_bytes=_int(env, "FERRY_MAX_REQUEST_BYTES",
+                                        DEFAULT_MAX_REQUEST_BODY_BYTES, minimum=1024),
             registry_root=reg_root,
             registry_host=reg_host,
             registry_port=reg_port,
-            max_manifest_bytes=_int(env, "FERRY_REGISTRY_MAX_MANIFEST_BYTES", 4 * 1024 * 1024,
+            max_manifest_bytes=_int(env, "FERRY_REGISTRY_MAX_MANIFEST_BYTES", MAX_MANIFEST_BYTES,
                                     minimum=1024),
             registry_max_blob_bytes=_int(env, "FERRY_REGISTRY_MAX_BLOB_BYTES", 0),
             upload_session_ttl=_duration(env, "FERRY_REGISTRY_UPLOAD_TTL", 24 * 3600.0),

@@ -30,8 +30,6 @@ from server.runner_process import RunnerError
 from server.scheduler import InsufficientMemory, SchedulerClosed
 
 log = logging.getLogger("ferry.api")
-# The limit when the app carries no settings (`app.state.settings.max_request_body_bytes`).
-DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 
 
 
@@ -108,8 +106,8 @@ async def read_json(request: Request) -> dict:
 
 
 def body_limit(request: Request) -> int:
-    settings = getattr(request.app.state, "settings", None)
-    return int(getattr(settings, "max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES))
+    """The app's `max_request_body_bytes` (FERRY_MAX_REQUEST_BYTES); the app builder sets it."""
+    return int(request.app.state.settings.max_request_body_bytes)
 
 
 async def read_limited(request: Request, limit: int) -> bytes:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from registry.manifests import MAX_MANIFEST_BYTES
 from registry.names import Name
 from registry.transfer.auth import Authenticator
 from registry.transfer.errors import (
@@ -44,7 +45,7 @@ class TransferOptions:
     small_blob_max: int = 4 * 1024 * 1024  # fetched whole into memory, no part state
     checkpoint_bytes: int = 16 * 1024 * 1024
     stall_timeout: float = 30.0
-    max_manifest_bytes: int = 4 * 1024 * 1024
+    max_manifest_bytes: int = MAX_MANIFEST_BYTES
     noprune: bool = False
     ca_file: str = ""
     progress_interval: float = 0.06
