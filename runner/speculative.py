@@ -54,12 +54,6 @@ class DepthControl:
         self.parked = 0
         self.park_for = PARK_ROUNDS
 
-    def next_depth(self) -> int:
-        if self.parked > 0:
-            self.parked -= 1
-            return 0
-        return self.depth
-
     def take_parked(self, limit: int) -> int:
         """How many plain rounds to run now (at most `limit`); 0 when drafting is on."""
         taken = min(self.parked, limit)
