@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -64,6 +64,18 @@ class SchedulerClosed(FerryError):
         super().__init__("the model server is shutting down")
 
 
+class SchedulerSettings(Protocol):
+    """What the scheduler reads of ferry's Settings (ferry/config.py satisfies it)."""
+
+    @property
+    def keep_alive(self) -> float: ...
+    @property
+    def load_timeout(self) -> float: ...
+    @property
+    def max_loaded_models(self) -> int: ...
+    def child_env(self) -> dict[str, str]: ...
+
+
 def runner_command(name: str, port: int) -> list[str]:
     """The command that starts a runner: this interpreter running the `ferry` CLI.
 
@@ -74,8 +86,8 @@ def runner_command(name: str, port: int) -> list[str]:
             "--port", str(port)]
 
 
-def runner_env(settings: Any) -> dict[str, str]:
-    env: dict[str, str] = settings.child_env()
+def runner_env(settings: SchedulerSettings) -> dict[str, str]:
+    env = settings.child_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, env.get("PYTHONPATH")) if p)
     return env
 
@@ -124,9 +136,10 @@ class Lease:
 class Scheduler:
     """Owns every runner process of one model server."""
 
-    def __init__(self, settings: Any, store: Store, *, command: Command = runner_command,
-                 memory_limit: int | None = None, overhead: int = DEFAULT_OVERHEAD,
-                 poll_interval: float = 0.1, stop_grace: float = STOP_GRACE_SECONDS) -> None:
+    def __init__(self, settings: SchedulerSettings, store: Store, *,
+                 command: Command = runner_command, memory_limit: int | None = None,
+                 overhead: int = DEFAULT_OVERHEAD, poll_interval: float = 0.1,
+                 stop_grace: float = STOP_GRACE_SECONDS) -> None:
         self.settings = settings
         self.store = store
         self.command = command
