@@ -49,4 +49,4 @@ test: install-dev system-deps
 
 lint: install-dev
 	$(BIN)/ruff check .
-	$(BIN)/mypy registry workflows
+	$(BIN)/mypy registry workflows server runner

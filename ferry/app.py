@@ -14,6 +14,7 @@ from ferry.config import Settings
 from registry.errors import FerryError
 from registry.service.storage.base import BlobStore
 from registry.store import Store
+from registry.transfer.client import TransferOptions
 from server import chat_api, create_api, models_api, openai_api, transfer_api
 from server.api_errors import handle_ferry_error
 from server.scheduler import Scheduler
@@ -21,9 +22,15 @@ from server.scheduler import Scheduler
 log = logging.getLogger("ferry.server")
 
 
-def build_model_server(settings: Settings) -> Starlette:
-    """The model server: Ollama's /api over the local store (`ferry serve`)."""
-    store = Store(settings.models_dir)
+def build_model_server(settings: Settings, scheduler: Scheduler | None = None,
+                       transfer: TransferOptions | None = None) -> Starlette:
+    """The model server: Ollama's /api over the local store (`ferry serve`).
+
+    `scheduler` (its store is the server's) and `transfer` (what every pull and push starts
+    from) default to what `settings` says; tests pass their own instead of patching modules.
+    """
+    runners = scheduler or Scheduler(settings, Store(settings.models_dir))
+    store = runners.store
     routes = [
         *models_api.routes,
         *transfer_api.routes,
@@ -31,7 +38,6 @@ def build_model_server(settings: Settings) -> Starlette:
         *chat_api.routes,
         *openai_api.routes,
     ]
-    scheduler = Scheduler(settings, store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -43,7 +49,7 @@ def build_model_server(settings: Settings) -> Starlette:
         try:
             yield
         finally:
-            await scheduler.close()  # every runner killed and reaped before the server exits
+            await runners.close()  # every runner killed and reaped before the server exits
 
     app = Starlette(
         routes=routes,
@@ -53,7 +59,8 @@ def build_model_server(settings: Settings) -> Starlette:
     app.state.settings = settings
     app.state.version = __version__
     app.state.store = store
-    app.state.scheduler = scheduler
+    app.state.scheduler = runners
+    app.state.transfer_options = transfer or transfer_api.transfer_options(settings)
     return app
 
 

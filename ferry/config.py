@@ -12,9 +12,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from registry.manifests import MAX_MANIFEST_BYTES
+from server.durations import InvalidDuration, parse_duration
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 11434
 DEFAULT_REGISTRY_PORT = 5000
+DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024  # JSON bodies of the model API (413 above)
 
 
 class ConfigError(ValueError):
@@ -56,21 +60,15 @@ def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> in
 
 
 def _duration(env: Mapping[str, str], key: str, default: float) -> float:
-    """Seconds from `300`, `300s`, `5m`, `1h`; a negative value means forever."""
+    """Seconds from a Go duration (`30s`, `1h30m`) or a number of seconds, read the way a
+    request's keep_alive is; a negative value means forever."""
     raw = env.get(key, "").strip()
     if not raw:
         return default
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    for suffix in ("ms", "s", "m", "h"):
-        if raw.endswith(suffix):
-            number, scale = raw[: -len(suffix)], units[suffix]
-            break
-    else:
-        number, scale = raw, 1.0
     try:
-        return float(number) * scale
-    except ValueError as exc:
-        raise ConfigError(f"{key} must be a duration like 30s or 5m, got {raw!r}") from exc
+        return parse_duration(raw)
+    except InvalidDuration as exc:
+        raise ConfigError(f"{key} must be a duration like 30s or 1h30m, got {raw!r}") from exc
 
 
 @dataclass(frozen=True)
@@ -83,12 +81,12 @@ class Settings:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     noprune: bool = False
-    max_request_body_bytes: int = 32 * 1024 * 1024  # JSON bodies of the model API (413 above)
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     # registry service
     registry_root: Path = field(default_factory=lambda: Path.home() / ".ferry" / "registry")
     registry_host: str = DEFAULT_HOST
     registry_port: int = DEFAULT_REGISTRY_PORT
-    max_manifest_bytes: int = 4 * 1024 * 1024
+    max_manifest_bytes: int = MAX_MANIFEST_BYTES
     registry_max_blob_bytes: int = 0  # > 0: larger blob uploads are refused (413); 0: no limit
     upload_session_ttl: float = 24 * 3600.0
     registry_s3_bucket: str = ""  # set: store in this S3 bucket instead of registry_root
@@ -137,12 +135,12 @@ class Settings:
             host=host,
             port=port,
             noprune=_flag(env, "FERRY_NOPRUNE"),
-            max_request_body_bytes=_int(env, "FERRY_MAX_REQUEST_BYTES", 32 * 1024 * 1024,
-                                        minimum=1024),
+            max_request_body_bytes=_int(env, "FERRY_MAX_REQUEST_BYTES",
+                                        DEFAULT_MAX_REQUEST_BODY_BYTES, minimum=1024),
             registry_root=reg_root,
             registry_host=reg_host,
             registry_port=reg_port,
-            max_manifest_bytes=_int(env, "FERRY_REGISTRY_MAX_MANIFEST_BYTES", 4 * 1024 * 1024,
+            max_manifest_bytes=_int(env, "FERRY_REGISTRY_MAX_MANIFEST_BYTES", MAX_MANIFEST_BYTES,
                                     minimum=1024),
             registry_max_blob_bytes=_int(env, "FERRY_REGISTRY_MAX_BLOB_BYTES", 0),
             upload_session_ttl=_duration(env, "FERRY_REGISTRY_UPLOAD_TTL", 24 * 3600.0),

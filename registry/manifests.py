@@ -16,6 +16,7 @@ from registry import media_types as mt
 from registry.digests import Digest
 from registry.errors import InvalidDigest, InvalidManifest, TooLarge
 
+# The default manifest size limit (registry service, pull, FERRY_REGISTRY_MAX_MANIFEST_BYTES).
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 
 

@@ -38,11 +38,6 @@ EMBED = OLLAMA_PREFIX + "embed"  # deprecated
 TENSOR = OLLAMA_PREFIX + "tensor"
 JSON = OLLAMA_PREFIX + "json"
 
-OLLAMA_LAYERS = frozenset(
-    {MODEL, DRAFT, ADAPTER, PROJECTOR, TEMPLATE, PROMPT, SYSTEM, PARAMS, MESSAGES, LICENSE,
-     EMBED, TENSOR, JSON}
-)
-
 # What a client sends as Accept when it fetches a manifest it may not know the type of.
 MANIFEST_ACCEPT = ", ".join(
     [DOCKER_MANIFEST, OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST_LIST]

@@ -171,9 +171,6 @@ class Name:
         """Where the manifest lives under `manifests/`, in the case the user gave."""
         return PurePosixPath(self.host, self.namespace, self.model, self.tag)
 
-    def with_tag(self, tag: str) -> Name:
-        return Name(self.host, self.namespace, self.model, tag, self.scheme)
-
     # -- comparison ----------------------------------------------------------------------------
 
     def _key(self) -> tuple[str, ...]:

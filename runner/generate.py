@@ -27,6 +27,7 @@ import mlx.nn as nn
 
 from runner.kv_cache import KVCache
 from runner.prefix_cache import Match, PrefixCache
+from runner.readback import token_id
 from runner.sample import Options, Sampler
 from runner.speculative import DepthControl, DraftStats, Speculator
 from runner.tokenizer import ModelTokenizer
@@ -225,7 +226,7 @@ class Generator:
             following = step(y[None]) if count < budget else None
             if following is not None:
                 mx.async_eval(following)
-            yield [int(y.item())]
+            yield [token_id(y)]
             y = following
 
 

@@ -141,9 +141,19 @@ def _quant_type(metadata: dict[str, str], key: str) -> QuantType | None:
     return QuantType.from_metadata(per_tensor or metadata)
 
 
+def load_safetensors(path: str) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """A safetensors file's arrays and its string metadata (mx.load's return type is a union
+    over every format; this is the one shape it has for safetensors with metadata)."""
+    loaded = mx.load(path, format="safetensors", return_metadata=True)
+    if not isinstance(loaded, tuple):
+        raise LoadError(f"{path}: expected safetensors arrays and metadata")
+    arrays, metadata = loaded
+    return arrays, {str(k): str(v) for k, v in metadata.items()}
+
+
 def read_blob_tensors(path: str, compute: str) -> tuple[dict[str, mx.array], dict[str, QuantType]]:
     """One blob's tensors under module parameter names; quant types by module path."""
-    arrays, metadata = mx.load(path, format="safetensors", return_metadata=True)  # type: ignore[misc]
+    arrays, metadata = load_safetensors(path)
     weights: dict[str, mx.array] = {}
     qtypes: dict[str, QuantType] = {}
     for key, array in arrays.items():
@@ -191,6 +201,12 @@ def build_model(config: dict[str, Any]) -> tuple[nn.Module, Any]:
     return module.Model(module.ModelArgs.from_dict({**config, "model_type": model_type})), module
 
 
+def parameter_bytes(model: nn.Module) -> int:
+    flat: dict[str, mx.array] = {}
+    tree_flatten(model.parameters(), destination=flat)
+    return sum(a.nbytes for a in flat.values())
+
+
 def load_model(store: Store, name: str, compute: str = "auto",
                progress: Progress | None = None, release: Release = mx.clear_cache
                ) -> LoadedModel:
@@ -213,8 +229,7 @@ def load_model(store: Store, name: str, compute: str = "auto",
         draft = load_weights(store, f"{name} (draft)", files.draft_config, files.draft_blobs,
                              path, files.draft_prefix, lambda done: step(offset + done))
     release()
-    nbytes = sum(a.nbytes for m in (model, draft) if m is not None
-                 for _, a in tree_flatten(m.parameters()))
+    nbytes = sum(parameter_bytes(m) for m in (model, draft) if m is not None)
     return LoadedModel(model, files, path, nbytes, time.perf_counter() - started, draft)
 
 

@@ -1,8 +1,9 @@
 """The runner process's HTTP API (docs/runner-protocol.md); the scheduler is its only client.
 
     GET  /v1/status       {"status": "loading"|"ready", "progress", "context_length", "memory",
-                           "compute", "model", "blas", "draft"}
+                           "compute", "model", "blas", "draft", "prefix_cache"}
     POST /v1/completions  NDJSON: {"content", "done": false}... then the final counters
+                          (with "prompt_cached", and "draft_proposed"/"draft_accepted")
     POST /v1/tokenize     {"content"} -> {"tokens"}
 
 The HTTP server is up before the model is loaded (status "loading"). All MLX work (the load

@@ -26,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from runner.kv_cache import KVCache
+from runner.readback import flags, token_id, token_ids
 from runner.sample import Options, filter_logits
 
 DRAFT_DEPTH = 4  # proposals per round
@@ -53,12 +54,6 @@ class DepthControl:
         self.rate = 1.0
         self.parked = 0
         self.park_for = PARK_ROUNDS
-
-    def next_depth(self) -> int:
-        if self.parked > 0:
-            self.parked -= 1
-            return 0
-        return self.depth
 
     def take_parked(self, limit: int) -> int:
         """How many plain rounds to run now (at most `limit`); 0 when drafting is on."""
@@ -121,7 +116,7 @@ class Speculator:
             assert y is not None
             following = step(y) if i + 1 < count else None
             mx.async_eval(y if following is None else following)
-            yield [int(y.item())]
+            yield [token_id(y)]
             if cancelled():
                 return
             y = following
@@ -180,12 +175,12 @@ class Speculator:
                        logits: mx.array) -> tuple[list[int], int, int]:
         choices = mx.argmax(logits, axis=-1)
         mx.eval(choices, *([] if drafts is None else [drafts]))
-        wanted = choices.tolist()
-        proposed = [] if drafts is None else drafts.tolist()
+        wanted = token_ids(choices)
+        proposed = [] if drafts is None else token_ids(drafts)
         accepted = 0
         while accepted < len(proposed) and proposed[accepted] == wanted[accepted]:
             accepted += 1
-        return proposed, accepted, int(wanted[accepted])
+        return proposed, accepted, wanted[accepted]
 
     def _accept_sampled(self, drafts: mx.array | None, q: mx.array | None,
                         logits: mx.array) -> tuple[list[int], int, int]:
@@ -198,7 +193,7 @@ class Speculator:
         ratio = p[rows, drafts] / q[rows, drafts]
         keep = mx.random.uniform(shape=ratio.shape, key=self._next_key()) < ratio
         mx.eval(drafts, keep)
-        proposed, kept = drafts.tolist(), keep.tolist()
+        proposed, kept = token_ids(drafts), flags(keep)
         accepted = kept.index(False) if False in kept else len(kept)
         if accepted == len(proposed):
             return proposed, accepted, self._draw(p[accepted])
@@ -208,4 +203,4 @@ class Speculator:
 
     def _draw(self, dist: mx.array) -> int:
         """One token from an (unnormalised) distribution; zero-probability tokens never."""
-        return int(mx.random.categorical(mx.log(dist), key=self._next_key()).item())
+        return token_id(mx.random.categorical(mx.log(dist), key=self._next_key()))

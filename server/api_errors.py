@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -24,12 +26,22 @@ from registry.errors import (
     SizeMismatch,
     TooLarge,
 )
+from server.runner_process import RunnerError
+from server.scheduler import InsufficientMemory, SchedulerClosed
 
 log = logging.getLogger("ferry.api")
-# The limit when the app carries no settings (`app.state.settings.max_request_body_bytes`).
-DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 
-_STATUS: list[tuple[type[FerryError], int]] = [
+
+
+def _runner_status(exc: RunnerError) -> int:
+    """A request the runner refused (4xx) keeps its status; any other runner failure is a 500."""
+    status = exc.runner_status
+    return status if status is not None and 400 <= status < 500 else 500
+
+
+# The one table from domain errors to statuses; the first matching entry wins, any other
+# FerryError is a 400 and anything else a 500.
+_STATUS: list[tuple[type[FerryError], int | Callable[[Any], int]]] = [
     (NotFound, 404),
     (TooLarge, 413),
     (Conflict, 409),
@@ -38,6 +50,9 @@ _STATUS: list[tuple[type[FerryError], int]] = [
     (DigestMismatch, 400),
     (SizeMismatch, 400),
     (InvalidManifest, 400),
+    (InsufficientMemory, 500),
+    (SchedulerClosed, 503),
+    (RunnerError, _runner_status),
 ]
 
 
@@ -54,7 +69,7 @@ def status_for(exc: BaseException) -> int:
         return exc.status
     for kind, status in _STATUS:
         if isinstance(exc, kind):
-            return status
+            return status if isinstance(status, int) else status(exc)
     return 400 if isinstance(exc, FerryError) else 500
 
 
@@ -91,8 +106,8 @@ async def read_json(request: Request) -> dict:
 
 
 def body_limit(request: Request) -> int:
-    settings = getattr(request.app.state, "settings", None)
-    return int(getattr(settings, "max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES))
+    """The app's `max_request_body_bytes` (FERRY_MAX_REQUEST_BYTES); the app builder sets it."""
+    return int(request.app.state.settings.max_request_body_bytes)
 
 
 async def read_limited(request: Request, limit: int) -> bytes:

@@ -8,7 +8,6 @@ the model cannot do (images for a text-only model) with a clear 400 instead of a
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,15 +17,13 @@ from registry.manifests import Manifest, ModelConfig
 from registry.names import Name
 from registry.store import Store
 from server.api_errors import APIError
+from server.durations import InvalidDuration, parse_duration
 
 # Options the runner understands (docs/runner-protocol.md); Ollama ignores the rest too.
 RUNNER_OPTIONS = frozenset({"temperature", "top_k", "top_p", "min_p", "repeat_penalty",
                             "repeat_last_n", "seed", "stop", "num_predict", "num_ctx"})
 FOREVER_YEARS = 290
 _LAYER_LIMIT = 1024 * 1024
-_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
-                 "h": 3600.0}
 
 
 @dataclass
@@ -95,23 +92,12 @@ def parse_keep_alive(value: Any) -> float | None:
     """
     if value is None or value == "":
         return None
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise APIError(400, "keep_alive must be a duration like \"5m\" or a number of seconds")
-    if isinstance(value, int | float):
-        return float(value)
-    if not isinstance(value, str):
-        raise APIError(400, "keep_alive must be a duration like \"5m\" or a number of seconds")
-    text = value.strip()
     try:
-        return float(text)
-    except ValueError:
-        pass
-    sign = -1.0 if text.startswith("-") else 1.0
-    body = text.lstrip("+-")
-    parts = _GO_DURATION.findall(body)
-    if not parts or "".join(n + u for n, u in parts) != body:
-        raise APIError(400, f"invalid keep_alive duration {value!r}")
-    return sign * sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+        return parse_duration(str(value))
+    except InvalidDuration as exc:
+        raise APIError(400, f"invalid keep_alive: {exc}") from exc
 
 
 def merge_options(model: ModelDefaults, requested: Any) -> dict[str, Any]:

@@ -18,16 +18,18 @@ from typing import IO, Any
 
 import httpx
 
-from server.api_errors import APIError
+from registry.errors import FerryError
 
 log = logging.getLogger("ferry.runner")
 
 
-class RunnerError(APIError):
-    """A runner failed to load, died, or broke the protocol; the message says why."""
+class RunnerError(FerryError):
+    """A runner failed to load, died, broke the protocol, or refused a request; the message says
+    why. `runner_status` is the HTTP status the runner answered with, when it answered one."""
 
-    def __init__(self, message: str, status: int = 500) -> None:
-        super().__init__(status, message)
+    def __init__(self, message: str, runner_status: int | None = None) -> None:
+        super().__init__(message)
+        self.runner_status = runner_status
 
 
 def format_bytes(n: int) -> str:
@@ -177,7 +179,7 @@ class RunnerProcess:
                                       json=body) as response):
                 if response.status_code >= 400:
                     await response.aread()
-                    raise RunnerError(_error_text(response), min(response.status_code, 500))
+                    raise RunnerError(_error_text(response), response.status_code)
                 async for line in response.aiter_lines():
                     if not line.strip():
                         continue

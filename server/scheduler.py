@@ -24,15 +24,15 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
 from registry import media_types as mt
+from registry.errors import FerryError
 from registry.manifests import Manifest
 from registry.names import Name
 from registry.store import Store
-from server.api_errors import APIError
 from server.runner_process import RunnerError, RunnerProcess, format_bytes
 
 log = logging.getLogger("ferry.scheduler")
@@ -45,16 +45,35 @@ Command = Callable[[str, int], list[str]]
 SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
 
 
-class InsufficientMemory(APIError):
+class InsufficientMemory(FerryError):
+    """A model does not fit even with every other runner stopped; sizes in bytes."""
+
     def __init__(self, needed: int, available: int, overhead: int) -> None:
-        super().__init__(500, f"model requires {format_bytes(needed)} but only "
-                              f"{format_bytes(max(available, 0))} are available "
-                              f"(after {format_bytes(overhead)} overhead)")
+        super().__init__(f"model requires {format_bytes(needed)} but only "
+                         f"{format_bytes(max(available, 0))} are available "
+                         f"(after {format_bytes(overhead)} overhead)")
+        self.needed = needed
+        self.available = available
+        self.overhead = overhead
 
 
-class SchedulerClosed(APIError):
+class SchedulerClosed(FerryError):
+    """A load was asked for after `Scheduler.close()` began."""
+
     def __init__(self) -> None:
-        super().__init__(503, "the model server is shutting down")
+        super().__init__("the model server is shutting down")
+
+
+class SchedulerSettings(Protocol):
+    """What the scheduler reads of ferry's Settings (ferry/config.py satisfies it)."""
+
+    @property
+    def keep_alive(self) -> float: ...
+    @property
+    def load_timeout(self) -> float: ...
+    @property
+    def max_loaded_models(self) -> int: ...
+    def child_env(self) -> dict[str, str]: ...
 
 
 def runner_command(name: str, port: int) -> list[str]:
@@ -67,8 +86,8 @@ def runner_command(name: str, port: int) -> list[str]:
             "--port", str(port)]
 
 
-def runner_env(settings: Any) -> dict[str, str]:
-    env: dict[str, str] = settings.child_env()
+def runner_env(settings: SchedulerSettings) -> dict[str, str]:
+    env = settings.child_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCE_ROOT, env.get("PYTHONPATH")) if p)
     return env
 
@@ -117,9 +136,10 @@ class Lease:
 class Scheduler:
     """Owns every runner process of one model server."""
 
-    def __init__(self, settings: Any, store: Store, *, command: Command = runner_command,
-                 memory_limit: int | None = None, overhead: int = DEFAULT_OVERHEAD,
-                 poll_interval: float = 0.1, stop_grace: float = STOP_GRACE_SECONDS) -> None:
+    def __init__(self, settings: SchedulerSettings, store: Store, *,
+                 command: Command = runner_command, memory_limit: int | None = None,
+                 overhead: int = DEFAULT_OVERHEAD, poll_interval: float = 0.1,
+                 stop_grace: float = STOP_GRACE_SECONDS) -> None:
         self.settings = settings
         self.store = store
         self.command = command

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,19 +30,28 @@ Operation = Callable[[str, Store, TransferOptions, Callable[[dict[str, Any]], No
 _DONE = object()
 
 
-def transfer_options(request: Request, insecure: bool) -> TransferOptions:
-    """Options from the server's Settings; tests may set `app.state.transfer_overrides`."""
-    settings = request.app.state.settings
-    overrides = getattr(request.app.state, "transfer_overrides", {})
-    values: dict[str, Any] = {
-        "home": settings.home,
-        "insecure": insecure,
-        "max_streams": settings.max_transfer_streams,
-        "noprune": settings.noprune,
-        "max_manifest_bytes": settings.max_manifest_bytes,
-        "ca_file": settings.ssl_cert_file,
-    }
-    return TransferOptions(**{**values, **overrides})
+class TransferSettings(Protocol):
+    """What transfers read of ferry's Settings (ferry/config.py satisfies it)."""
+
+    @property
+    def home(self) -> Path: ...
+    @property
+    def max_transfer_streams(self) -> int: ...
+    @property
+    def noprune(self) -> bool: ...
+    @property
+    def max_manifest_bytes(self) -> int: ...
+    @property
+    def ssl_cert_file(self) -> str: ...
+
+
+def transfer_options(settings: TransferSettings) -> TransferOptions:
+    """The options every pull and push of this server starts from (the app builder stores
+    them as `app.state.transfer_options`; a request only chooses `insecure`)."""
+    return TransferOptions(home=settings.home, max_streams=settings.max_transfer_streams,
+                           noprune=settings.noprune,
+                           max_manifest_bytes=settings.max_manifest_bytes,
+                           ca_file=settings.ssl_cert_file)
 
 
 async def run_events(operation: Operation, model: str, store: Store,
@@ -73,7 +84,7 @@ async def _handle(request: Request, operation: Operation) -> Response:
     if not isinstance(insecure, bool) or not isinstance(stream, bool):
         raise APIError(400, "insecure and stream must be booleans")
     parse_target(model, insecure)  # a bad name or scheme is a 400 before any output
-    options = transfer_options(request, insecure)
+    options = dataclasses.replace(request.app.state.transfer_options, insecure=insecure)
     events = run_events(operation, model, request.app.state.store, options)
     return await progress_response(request, events, stream)
 

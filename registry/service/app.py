@@ -14,13 +14,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from registry.errors import FerryError
+from registry.manifests import MAX_MANIFEST_BYTES
 from registry.service import oci
 from registry.service.errors import RegistryError, handle_error
-from registry.service.registry import (
-    DEFAULT_MAX_MANIFEST_BYTES,
-    DEFAULT_UPLOAD_SESSION_TTL,
-    Registry,
-)
+from registry.service.registry import DEFAULT_UPLOAD_SESSION_TTL, Registry
 from registry.service.storage.base import BlobStore
 from registry.service.storage.filesystem import FilesystemStore
 
@@ -69,7 +66,7 @@ def build_registry_app(
     root: Path | None = None,
     *,
     store: BlobStore | None = None,
-    max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
+    max_manifest_bytes: int = MAX_MANIFEST_BYTES,
     upload_session_ttl: float = DEFAULT_UPLOAD_SESSION_TTL,
     max_blob_bytes: int = 0,
 ) -> Starlette:

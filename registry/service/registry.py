@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from registry.manifests import MAX_MANIFEST_BYTES
 from registry.service.blobs import Blobs
 from registry.service.revisions import Revisions
 from registry.service.storage.base import BlobStore
 from registry.service.tags import TagStore
 from registry.service.uploads import Uploads
 
-DEFAULT_MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 DEFAULT_UPLOAD_SESSION_TTL = 24 * 3600.0
 
 
@@ -27,7 +27,7 @@ class Registry:
     def open(
         cls,
         store: BlobStore,
-        max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
+        max_manifest_bytes: int = MAX_MANIFEST_BYTES,
         upload_session_ttl: float = DEFAULT_UPLOAD_SESSION_TTL,
         max_blob_bytes: int = 0,
     ) -> Registry:

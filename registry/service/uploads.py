@@ -208,18 +208,6 @@ class Uploads:
         except (ValueError, KeyError, TypeError):
             return stat.mtime
 
-    async def newest_activity(self) -> float | None:
-        """When the most recent live session last received bytes (gc's in-flight guard)."""
-        newest: float | None = None
-        for repo in await list_repositories(self.store):
-            for upload_id in await self.store.list(paths.uploads_dir(repo)):
-                for key in (paths.upload_session(repo, upload_id),
-                            paths.upload_data(repo, upload_id)):
-                    stat = await self.store.stat(key)
-                    if stat and (newest is None or stat.mtime > newest):
-                        newest = stat.mtime
-        return newest
-
 
 class _BlobTooLarge(Exception):
     """Raised inside the body stream, so the store stops appending; mapped to 413 above."""

@@ -26,7 +26,7 @@ import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from registry.transfer.errors import AuthFailed, RegistryError
+from registry.transfer.errors import AuthFailed, UpstreamError
 from registry.transfer.session import SafeSession
 
 _PARAM = re.compile(r'([A-Za-z_]+)=(?:"([^"]*)"|([^,\s]*))')
@@ -191,7 +191,7 @@ class Authenticator:
             raise AuthFailed(f"unauthorized: the token service refused the credentials "
                              f"({reply.status}: {text.strip()[:200]})")
         if reply.status >= 400:
-            raise RegistryError(reply.status, text, str(url))
+            raise UpstreamError(reply.status, text, str(url))
         try:
             data = json.loads(body)
             token = data.get("token") or data.get("access_token")

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import httpx
 
+from registry.manifests import MAX_MANIFEST_BYTES
 from registry.names import Name
 from registry.transfer.auth import Authenticator
 from registry.transfer.errors import (
     AuthFailed,
-    RegistryError,
     RegistryNotFound,
     TransferError,
     TransientStatus,
+    UpstreamError,
 )
 from registry.transfer.retry import RetryPolicy, caused_by_tls, parse_retry_after
 from registry.transfer.safe import DnsResolver, RedirectPolicy, Resolver
@@ -44,7 +45,7 @@ class TransferOptions:
     small_blob_max: int = 4 * 1024 * 1024  # fetched whole into memory, no part state
     checkpoint_bytes: int = 16 * 1024 * 1024
     stall_timeout: float = 30.0
-    max_manifest_bytes: int = 4 * 1024 * 1024
+    max_manifest_bytes: int = MAX_MANIFEST_BYTES
     noprune: bool = False
     ca_file: str = ""
     progress_interval: float = 0.06
@@ -141,4 +142,4 @@ async def raise_for_status(reply: Reply) -> None:
     if status == 429 or status >= 500:
         retry_after = parse_retry_after(reply.response.headers.get("retry-after"))
         raise TransientStatus(status, body, url, retry_after)
-    raise RegistryError(status, body, url)
+    raise UpstreamError(status, body, url)

@@ -4,7 +4,7 @@
     └── TransferError          a pull or push failed; the message says where and why
         ├── RedirectRefused    a hop broke the redirect policy (scheme, address, hop count)
         ├── AuthFailed         no credentials were accepted, or a token realm looked wrong
-        ├── RegistryError      the registry answered with an error status (code and body)
+        ├── UpstreamError      the upstream registry answered with an error status (code, body)
         │   └── TransientStatus  429 or 5xx: worth retrying (carries Retry-After)
         └── RetriesExhausted   every attempt failed; names the last cause
 """
@@ -34,7 +34,7 @@ class AuthFailed(TransferError):
     pass
 
 
-class RegistryError(TransferError):
+class UpstreamError(TransferError):
     """The registry answered `status`; the message is Ollama's `"<code>: <body>"`."""
 
     def __init__(self, status: int, body: str, url: str = "") -> None:
@@ -44,7 +44,7 @@ class RegistryError(TransferError):
         self.url = url
 
 
-class TransientStatus(RegistryError):
+class TransientStatus(UpstreamError):
     """429 or 5xx; `retry_after` is the server's hint in seconds, if it gave one."""
 
     def __init__(self, status: int, body: str, url: str = "",

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 
 from registry.transfer.auth import Authenticator, save_credentials
-from registry.transfer.errors import AuthFailed, RegistryError
+from registry.transfer.errors import AuthFailed, UpstreamError
 from registry.transfer.safe import DnsResolver, RedirectPolicy, Resolver
 from registry.transfer.session import SafeSession, build_ssl_context
 
@@ -43,7 +43,7 @@ async def login(registry: str, username: str, password: str, *, home: Path,
                 raise AuthFailed("unauthorized: the registry refused the username or password")
             await auth.refresh(challenge, None)
         if reply.status >= 400:
-            raise RegistryError(reply.status, "", str(reply.url))
+            raise UpstreamError(reply.status, "", str(reply.url))
     finally:
         await session.aclose()
     save_credentials(home / "credentials.json", auth.registry_host, username, password)

@@ -136,10 +136,8 @@ async def _fetch_manifest(client: RegistryClient, name: Name) -> Manifest:
 
 
 async def _get_manifest(client: RegistryClient, reference: str) -> tuple[bytes, str | None]:
-    accept = ", ".join([mt.DOCKER_MANIFEST, mt.OCI_MANIFEST, mt.OCI_INDEX,
-                        mt.DOCKER_MANIFEST_LIST])
     reply = await client.request("GET", client.url(f"manifests/{reference}"),
-                                 headers={"Accept": accept})
+                                 headers={"Accept": mt.MANIFEST_ACCEPT})
     limit = client.options.max_manifest_bytes
     try:
         body = bytearray()

@@ -24,7 +24,7 @@ from registry.manifests import Descriptor, parse_manifest
 from registry.names import Name
 from registry.store import Store
 from registry.transfer.client import RegistryClient, TransferOptions, parse_target
-from registry.transfer.errors import RegistryError
+from registry.transfer.errors import UpstreamError
 from registry.transfer.progress import progress
 from registry.transfer.session import Reply
 from registry.transfer.tasks import run_all
@@ -184,7 +184,7 @@ class BlobPush:
             while position < stop:
                 data = await fh.read(min(_READ, stop - position))
                 if not data:
-                    raise RegistryError(0, f"blob {self.desc.digest} shrank while pushing")
+                    raise UpstreamError(0, f"blob {self.desc.digest} shrank while pushing")
                 position += len(data)
                 yield data
                 self.sent = position  # sent, not yet acknowledged: a failed chunk rewinds it
@@ -205,7 +205,7 @@ def _location(reply: Reply, fallback: httpx.URL | None = None) -> httpx.URL:
     if not value:
         if fallback is not None:
             return fallback
-        raise RegistryError(reply.status, "the registry gave no upload location", str(reply.url))
+        raise UpstreamError(reply.status, "the registry gave no upload location", str(reply.url))
     return reply.url.join(value)
 
 

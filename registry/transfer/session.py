@@ -16,7 +16,7 @@ import httpcore._async.http11 as _http11
 import httpx
 
 from registry.errors import FerryError
-from registry.transfer.errors import RegistryError
+from registry.transfer.errors import UpstreamError
 from registry.transfer.safe import HopChain, RedirectPolicy, check_hop
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -93,7 +93,7 @@ class SafeSession:
             location = response.headers.get("location")
             await response.aclose()
             if not location:
-                raise RegistryError(response.status_code, "redirect without a Location", str(url))
+                raise UpstreamError(response.status_code, "redirect without a Location", str(url))
             try:
                 url = url.join(location)
             except (httpx.InvalidURL, ValueError) as exc:

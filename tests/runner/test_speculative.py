@@ -100,20 +100,28 @@ def test_a_draft_that_is_mostly_rejected_gets_parked(model_store, drafted):
     assert done.draft.proposed < 200  # drafting every round would propose ~4 per token
 
 
+def _next_round(control: DepthControl, budget: int = 1000) -> tuple[str, int]:
+    """What `Speculator.rounds` runs next: a parked stretch of plain rounds, or one draft
+    round of `control.depth` proposals."""
+    parked = control.take_parked(budget)
+    return ("plain", parked) if parked else ("draft", control.depth)
+
+
 def test_depth_control_parks_a_failing_draft_probes_it_and_resumes():
     control = DepthControl(depth=4)
-    depths = []
-    for _ in range(40):
-        depth = control.next_depth()
-        depths.append(depth)
-        control.observe(depth, 0)
-    assert depths[:6] == [4] * 6 and depths[6:14] == [0] * 8  # parked after 6 misses
-    assert depths[14] == 4 and depths[15:31] == [0] * 16  # a failed probe doubles the park
-    while control.next_depth() == 0:
-        pass
+    rounds = []
+    for _ in range(8):
+        kind, count = _next_round(control)
+        rounds.append((kind, count))
+        if kind == "draft":
+            control.observe(count, 0)
+    assert rounds[:6] == [("draft", 4)] * 6  # parked after 6 misses
+    assert rounds[6:8] == [("plain", 8), ("draft", 4)]  # then a probe, which fails too
+    assert _next_round(control, budget=10) == ("plain", 10)  # a park never exceeds the budget
+    assert _next_round(control) == ("plain", 6)  # a failed probe doubled the park (8 -> 16)
     for _ in range(3):
         control.observe(4, 4)  # the draft got good: drafting resumes at full depth
-    assert [control.next_depth() for _ in range(3)] == [4, 4, 4]
+    assert [_next_round(control) for _ in range(3)] == [("draft", 4)] * 3
 
 
 def test_sampling_with_a_draft_is_seeded_and_accepts_its_own_proposals(loaded_self):

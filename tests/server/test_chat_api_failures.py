@@ -7,7 +7,6 @@ through the real runner is tested in test_chat_api.py.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -18,18 +17,17 @@ import pytest
 from conftest import runner_processes, serve_app
 from runner_fakes import add_model, fake_command
 
-from server import scheduler as scheduler_module
+from server.scheduler import Scheduler
 
 
 @pytest.fixture
-def fake_server(settings, store, monkeypatch, tmp_path):
+def fake_server(settings, store, tmp_path):
     """Start a model server whose runners are fake_runner.py with `extra` arguments."""
     from ferry.app import build_model_server
 
     def start(*extra: str):
-        monkeypatch.setattr("ferry.app.Scheduler", functools.partial(
-            scheduler_module.Scheduler, command=fake_command(*extra), overhead=1024))
-        return serve_app(build_model_server(settings))
+        scheduler = Scheduler(settings, store, command=fake_command(*extra), overhead=1024)
+        return serve_app(build_model_server(settings, scheduler=scheduler))
 
     add_model(store, "me/tiny")
     return start

@@ -17,6 +17,7 @@ from conftest import runner_processes
 from runner_fakes import add_model, fake_command
 
 from registry.names import Name
+from server.api_errors import status_for
 from server.scheduler import (
     InsufficientMemory,
     RunnerError,
@@ -137,8 +138,9 @@ async def test_close_kills_every_runner_and_leaves_no_child(scheduler_factory, s
     assert all(gone(pid) for pid in pids)
     with pytest.raises(RunnerError, match="stopped while loading"):
         await loading
-    with pytest.raises(SchedulerClosed):
+    with pytest.raises(SchedulerClosed) as info:
         await sched.acquire(loaded)
+    assert status_for(info.value) == 503
 
 
 async def test_memory_miss_evicts_the_least_recently_used_idle_runner(scheduler_factory, store):
@@ -193,8 +195,10 @@ async def test_concurrent_requests_for_two_models_both_complete(scheduler_factor
 
 async def test_a_model_larger_than_the_limit_is_refused(scheduler_factory, store):
     sched = scheduler_factory(overhead=60 * MiB, memory_limit=50 * MiB)
-    with pytest.raises(InsufficientMemory, match=r"requires 60\.0 MiB but only 50\.0 MiB"):
+    with pytest.raises(InsufficientMemory, match=r"requires 60\.0 MiB but only 50\.0 MiB") as info:
         await sched.acquire(add_model(store, "me/big"))
+    assert info.value.needed >= 60 * MiB and info.value.available == 50 * MiB
+    assert status_for(info.value) == 500
     assert children() == []
 
 
@@ -247,6 +251,6 @@ async def test_runner_client_errors_keep_their_status(scheduler_factory, store):
     with pytest.raises(RunnerError, match="num_ctx must be positive") as info:
         async for _ in lease.complete({"prompt": "x", "options": {"num_ctx": -1}}):
             pass
-    assert info.value.status == 400
+    assert info.value.runner_status == 400 and status_for(info.value) == 400
     lease.release()
     assert not lease.runner.broken

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from ferry.cli import main
 from registry.manifests import parse_manifest
 from registry.names import Name
 from registry.store import Store
+from server.transfer_api import transfer_options
 from tests.registry.transfer.conftest import registry_host  # noqa: F401 (a fixture)
 from tests.registry.transfer.helpers import make_model, store_files
 
@@ -142,10 +144,11 @@ def test_a_client_disconnect_stops_the_pull_and_keeps_its_partial_blob(
 
         asyncio.run(push(name, source, fast_options(tmp_path / "p", insecure=True),
                          lambda e: None))
-        app = build_model_server(settings)
         fast = fast_options(settings.home)
-        app.state.transfer_overrides = {k: getattr(fast, k) for k in (
-            "part_min", "part_max", "checkpoint_bytes", "retry", "small_blob_max")}
+        small_parts = dataclasses.replace(transfer_options(settings), **{
+            k: getattr(fast, k)
+            for k in ("part_min", "part_max", "checkpoint_bytes", "retry", "small_blob_max")})
+        app = build_model_server(settings, transfer=small_parts)
         cdn.delay = 0.05
         with serve_app(app) as url, httpx.Client(base_url=url, timeout=60) as http:
             with http.stream("POST", "/api/pull", json={"model": name, "insecure": True}) as r:
@@ -200,3 +203,16 @@ def test_the_official_ollama_client_pushes_and_pulls_through_ferry(
     assert store.read_manifest(Name.parse(name)) == raw
     with pytest.raises(ollama.ResponseError, match="file does not exist"):
         client.pull(f"{registry_host}/ns/absent:v1", insecure=True, stream=False)
+
+
+def test_the_server_builds_its_transfer_options_from_settings(tmp_path: Path) -> None:
+    from ferry.app import build_model_server
+    from ferry.config import Settings
+
+    settings = Settings.from_env({
+        "FERRY_HOME": str(tmp_path), "FERRY_MAX_TRANSFER_STREAMS": "3", "FERRY_NOPRUNE": "1",
+        "FERRY_REGISTRY_MAX_MANIFEST_BYTES": "65536", "SSL_CERT_FILE": "/etc/ca.pem"})
+    options = build_model_server(settings).state.transfer_options
+    assert (options.home, options.max_streams, options.noprune) == (tmp_path, 3, True)
+    assert (options.max_manifest_bytes, options.ca_file) == (65536, "/etc/ca.pem")
+    assert options.insecure is False

@@ -125,9 +125,9 @@ async def test_a_client_error_is_not_retried(tmp_path: Path, source: Store) -> N
     with serve_app(_catch_all(forbidden)) as url:
         name = f"{url.removeprefix('http://')}/ns/model:v1"
         make_model(source, name, [KiB])
-        from registry.transfer.errors import RegistryError
+        from registry.transfer.errors import UpstreamError
 
-        with pytest.raises(RegistryError, match="403"):
+        with pytest.raises(UpstreamError, match="403"):
             await push(name, source, fast_options(tmp_path, insecure=True, max_streams=1),
                        lambda e: None)
     await asyncio.sleep(0)
