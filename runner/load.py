@@ -34,7 +34,7 @@ from registry.manifests import ModelConfig
 from registry.names import Name
 from registry.safetensors_header import logical_tensors, read_header
 from registry.store import Store
-from runner.models import get_model_module, model_type_for_architecture
+from runner.models import model_module, module_for_architecture
 from runner.quant import QuantType
 
 Release = Callable[[], None]
@@ -180,14 +180,19 @@ def quantize_modules(model: nn.Module, qtypes: dict[str, QuantType]) -> None:
 
 
 def build_model(config: dict[str, Any]) -> tuple[nn.Module, Any]:
+    """The Model for a config.json: its `model_type` names the module, else `architectures[0]`
+    finds it."""
     model_type = config.get("model_type")
-    if not model_type:
-        archs = config.get("architectures") or [""]
-        model_type = model_type_for_architecture(archs[0])
     try:
-        module = get_model_module(str(model_type))
+        module = model_module(str(model_type)) if model_type else None
     except ValueError as exc:
         raise LoadError(str(exc)) from exc
+    if module is None:
+        archs = config.get("architectures") or [""]
+        module = module_for_architecture(str(archs[0]))
+        if module is None:
+            raise LoadError(f"architecture {archs[0]!r} is not supported")
+        model_type = module.__name__.rsplit(".", 1)[1]
     return module.Model(module.ModelArgs.from_dict({**config, "model_type": model_type})), module
 
 
