@@ -45,3 +45,12 @@ def module_for_architecture(architecture: str) -> ModuleType | None:
 
 def supported_architectures() -> list[str]:
     return sorted(name for t in model_types() for name in model_module(t).ARCHITECTURES)
+
+
+def module_for_gguf(architecture: str) -> ModuleType | None:
+    """The module whose `GGUF_ARCHITECTURES` names a GGUF `general.architecture`, or None."""
+    for model_type in model_types():
+        module = model_module(model_type)
+        if architecture in getattr(module, "GGUF_ARCHITECTURES", ()):
+            return module
+    return None

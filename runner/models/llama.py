@@ -17,6 +17,7 @@ from runner.nn.linear import Linear
 from runner.nn.norm import RMSNorm
 
 ARCHITECTURES = ("LlamaForCausalLM",)
+GGUF_ARCHITECTURES = ("llama",)
 
 
 @dataclass
@@ -140,3 +141,17 @@ def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
             f"{p}.mlp.down_proj.weight": (hidden, inter),
         })
     return shapes
+
+
+def from_gguf(weights: dict[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
+    """llama.cpp interleaves each Q and K head's rows for its rope layout; put them back in the
+    half-split order this module's RoPE expects (rows only, so packed weights, scales and
+    biases of a quantized tensor are reordered alike)."""
+    for proj, heads in (("q_proj", args.num_attention_heads),
+                        ("k_proj", args.num_key_value_heads)):
+        for key in [k for k in weights if f".self_attn.{proj}." in k]:
+            w = weights[key]
+            assert heads is not None
+            weights[key] = (w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])
+                            .swapaxes(1, 2).reshape(w.shape))
+    return weights

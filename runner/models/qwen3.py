@@ -17,6 +17,7 @@ from runner.nn.linear import Linear
 from runner.nn.norm import RMSNorm
 
 ARCHITECTURES = ("Qwen3ForCausalLM",)
+GGUF_ARCHITECTURES = ("qwen3",)
 
 
 @dataclass

@@ -1,0 +1,100 @@
+"""GGUF models in the runner: fixture checkpoints exported to GGUF (F16, Q8_0, Q4_0, Q4_1) with
+the `gguf` package, created as ferry models (wrapped unchanged) and loaded beside the same
+checkpoint created from safetensors."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import mlx.core as mx
+import mlx_models
+import pytest
+from gguf_export import export_gguf
+
+from registry.names import Name
+from runner.generate import Generator
+from runner.load import LoadError, load_model
+from runner.sample import Options
+from runner.tokenizer import ModelTokenizer
+from workflows.create import CreateOptions, GGUFFiles, create
+
+model_store, created_model = mlx_models.model_store, mlx_models.created_model  # fixtures
+
+PROMPT = [0, 2, 379, 480, 203, 76, 698, 346, 351, 73, 3, 2, 1000, 17]
+_made: dict[tuple, str] = {}
+
+
+@pytest.fixture(scope="module")
+def gguf_model(model_store, make_checkpoint, tmp_path_factory):
+    """`gguf_model(arch, qtype)` -> the name of a model created from the exported GGUF."""
+
+    def build(arch: str, qtype: str = "F16") -> str:
+        key = (arch, qtype)
+        if key not in _made:
+            out = tmp_path_factory.mktemp("gguf") / f"{arch}-{qtype}.gguf"
+            path = export_gguf(Path(make_checkpoint(arch)), out, qtype)
+            digest = model_store.write_blob_bytes(path.read_bytes())
+            name = f"test/gguf-{arch}-{qtype.lower()}"
+            create(Name.parse(name), GGUFFiles({path.name: digest}), CreateOptions(),
+                   model_store, lambda event: None, threading.Event())
+            _made[key] = name
+        return _made[key]
+
+    return build
+
+
+def _cosine_min(a: mx.array, b: mx.array) -> float:
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    cos = mx.sum(a * b, -1) / (mx.linalg.norm(a, axis=-1) * mx.linalg.norm(b, axis=-1))
+    return cos.min().item()
+
+
+def _greedy(loaded, count: int = 32) -> str:
+    tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
+    tokenizer.eos_ids.clear()  # random weights: compare all `count`, never stop early
+    generator = Generator(loaded.model, tokenizer, loaded.context_length)
+    pieces = list(generator.generate(PROMPT, Options(temperature=0, num_predict=count)))
+    assert pieces.pop().eval_count == count
+    return "".join(pieces)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_f16_gguf_logits_and_greedy_tokens_match_the_safetensors_checkpoint(
+        model_store, created_model, gguf_model, arch):
+    reference = load_model(model_store, created_model(arch), "float32")
+    loaded = load_model(model_store, gguf_model(arch, "F16"), "float32")
+    tokens = mx.array([PROMPT])
+    assert mx.abs(loaded.model(tokens) - reference.model(tokens)).max().item() <= 1e-2
+    assert _greedy(loaded) == _greedy(reference)
+
+
+@pytest.mark.parametrize("qtype,threshold", [("Q8_0", 0.99), ("Q4_0", 0.95), ("Q4_1", 0.95)])
+@pytest.mark.parametrize("compute", ["native", "float32"])
+def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_model, qtype,
+                                              threshold, compute):
+    reference = load_model(model_store, created_model("llama"), "float32")
+    loaded = load_model(model_store, gguf_model("llama", qtype), compute)
+    tokens = mx.array([PROMPT])
+    assert _cosine_min(loaded.model(tokens), reference.model(tokens)) >= threshold
+
+
+def test_q4_0_stays_quantized_at_group_size_32(model_store, gguf_model):
+    loaded = load_model(model_store, gguf_model("qwen3", "Q4_0"), "native")
+    layer = loaded.model.layers[0].self_attn.q_proj
+    assert layer.bits == 4 and layer.group_size == 32 and layer.weight.dtype == mx.uint32
+    assert loaded.model.model.embed_tokens.bits == 4  # tied output reads the quantized table
+
+
+def test_gguf_with_unknown_architecture_is_a_clear_load_error(model_store, make_checkpoint,
+                                                              tmp_path):
+    path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf")
+    raw = path.read_bytes().replace(b"llama.", b"llamo.").replace(b"\x05\x00\x00\x00\x00\x00"
+                                                                   b"\x00\x00llama",
+                                                                   b"\x05\x00\x00\x00\x00\x00"
+                                                                   b"\x00\x00llamo")
+    digest = model_store.write_blob_bytes(raw)
+    create(Name.parse("test/llamo"), GGUFFiles({"m.gguf": digest}), CreateOptions(),
+           model_store, lambda event: None, threading.Event())
+    with pytest.raises(LoadError, match="architecture 'llamo' is not supported"):
+        load_model(model_store, "test/llamo", "native")
