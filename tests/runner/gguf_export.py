@@ -43,12 +43,15 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def export_gguf(checkpoint: Path, out: Path, qtype: str = "F16", pre: str = "gpt-2",
-                tokenizer_json: str | None = None) -> Path:
+                tokenizer_json: str | None = None, tokenizer: bool = True,
+                metadata: dict | None = None) -> Path:
+    """`metadata` overrides config.json values in the written metadata only (bad files)."""
     config = json.loads((checkpoint / "config.json").read_text())
     arch = config["model_type"]
     writer = gguf.GGUFWriter(out, arch)
-    _write_config(writer, config, qtype)
-    _write_tokenizer(writer, checkpoint, pre, tokenizer_json)
+    _write_config(writer, {**config, **(metadata or {})}, qtype)
+    if tokenizer:
+        _write_tokenizer(writer, checkpoint, pre, tokenizer_json)
     for name, array in _tensors(checkpoint).items():
         if arch in _PERMUTED and ".q_proj." in name:
             array = permute(array, config["num_attention_heads"])

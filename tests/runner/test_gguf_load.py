@@ -86,15 +86,35 @@ def test_q4_0_stays_quantized_at_group_size_32(model_store, gguf_model):
     assert loaded.model.model.embed_tokens.bits == 4  # tied output reads the quantized table
 
 
+def _create_raw(store, raw: bytes, name: str) -> str:
+    digest = store.write_blob_bytes(raw)
+    create(Name.parse(name), GGUFFiles({"m.gguf": digest}), CreateOptions(), store,
+           lambda event: None, threading.Event())
+    return name
+
+
 def test_gguf_with_unknown_architecture_is_a_clear_load_error(model_store, make_checkpoint,
                                                               tmp_path):
-    path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf")
-    raw = path.read_bytes().replace(b"llama.", b"llamo.").replace(b"\x05\x00\x00\x00\x00\x00"
-                                                                   b"\x00\x00llama",
-                                                                   b"\x05\x00\x00\x00\x00\x00"
-                                                                   b"\x00\x00llamo")
-    digest = model_store.write_blob_bytes(raw)
-    create(Name.parse("test/llamo"), GGUFFiles({"m.gguf": digest}), CreateOptions(),
-           model_store, lambda event: None, threading.Event())
+    raw = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf").read_bytes()
+    length = len(b"llama").to_bytes(8, "little")
+    raw = raw.replace(b"llama.", b"llamo.").replace(length + b"llama", length + b"llamo")
+    name = _create_raw(model_store, raw, "test/llamo")
     with pytest.raises(LoadError, match="architecture 'llamo' is not supported"):
-        load_model(model_store, "test/llamo", "native")
+        load_model(model_store, name, "native")
+
+
+def test_truncated_gguf_is_a_clear_load_error(model_store, make_checkpoint, tmp_path):
+    raw = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf", "Q8_0").read_bytes()
+    name = _create_raw(model_store, raw[:-5000], "test/truncated")
+    with pytest.raises(LoadError, match="GGUF"):
+        load_model(model_store, name, "native")
+
+
+def test_gguf_tensor_disagreeing_with_its_metadata_is_named(model_store, make_checkpoint,
+                                                           tmp_path):
+    path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf",
+                       metadata={"intermediate_size": 256})
+    name = _create_raw(model_store, path.read_bytes(), "test/badshape")
+    with pytest.raises(LoadError, match=r"GGUF tensor blk\.\d+\.ffn_\w+\.weight has shape "
+                                        r"\[\d+, \d+\] but the metadata implies"):
+        load_model(model_store, name, "native")
