@@ -91,8 +91,9 @@ def _write_config(writer: gguf.GGUFWriter, config: dict, qtype: str) -> None:
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_key_length(config["head_dim"])
-    writer.add_value_length(config["head_dim"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_file_type(_FILE_TYPES[qtype])

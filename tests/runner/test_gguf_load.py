@@ -8,8 +8,10 @@ import threading
 from pathlib import Path
 
 import mlx.core as mx
+import mlx_lm
 import mlx_models
 import pytest
+from arch_checkpoints import write_checkpoint
 from gguf_export import export_gguf
 
 from registry.names import Name
@@ -77,6 +79,19 @@ def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_m
     loaded = load_model(model_store, gguf_model("llama", qtype), compute)
     tokens = mx.array([PROMPT])
     assert _cosine_min(loaded.model(tokens), reference.model(tokens)) >= threshold
+
+
+@pytest.mark.parametrize("arch", ["qwen2"])
+def test_f16_gguf_of_other_architectures_matches_mlx_lm(model_store, make_checkpoint, tmp_path,
+                                                        arch):
+    checkpoint = write_checkpoint(tmp_path / arch, arch, Path(make_checkpoint("llama")))
+    path = export_gguf(checkpoint, tmp_path / f"{arch}.gguf", "F16")
+    name = _create_raw(model_store, path.read_bytes(), f"test/gguf-{arch}")
+    loaded = load_model(model_store, name, "float32")
+    reference, _ = mlx_lm.load(str(checkpoint))
+    reference.set_dtype(mx.float32)
+    tokens = mx.array([PROMPT])
+    assert mx.abs(loaded.model(tokens) - reference(tokens)).max().item() <= 1e-2
 
 
 def test_q4_0_stays_quantized_at_group_size_32(model_store, gguf_model):
