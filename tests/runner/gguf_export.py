@@ -22,18 +22,22 @@ _BLOCK = {
     "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
+_GEMMA3_BLOCK = {**_BLOCK, "post_attention_layernorm": "post_attention_norm",
+                 "pre_feedforward_layernorm": "ffn_norm",
+                 "post_feedforward_layernorm": "post_ffw_norm"}
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _PERMUTED = {"llama"}  # architectures whose Q/K rows llama.cpp permutes
 _FILE_TYPES = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "F32": 0}
 
 
-def gguf_name(name: str) -> str:
+def gguf_name(name: str, arch: str = "llama") -> str:
     stem, _, kind = name.rpartition(".")
     if stem in _TOP:
         return f"{_TOP[stem]}.{kind}"
     match = re.match(r"^model\.layers\.(\d+)\.(.+)$", stem)
     assert match, name
-    return f"blk.{match[1]}.{_BLOCK[match[2]]}.{kind}"
+    names = _GEMMA3_BLOCK if arch == "gemma3" else _BLOCK
+    return f"blk.{match[1]}.{names[match[2]]}.{kind}"
 
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -47,7 +51,7 @@ def export_gguf(checkpoint: Path, out: Path, qtype: str = "F16", pre: str = "gpt
                 metadata: dict | None = None) -> Path:
     """`metadata` overrides config.json values in the written metadata only (bad files)."""
     config = json.loads((checkpoint / "config.json").read_text())
-    arch = config["model_type"]
+    arch = {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
     writer = gguf.GGUFWriter(out, arch)
     _write_config(writer, {**config, **(metadata or {})}, qtype)
     if tokenizer:
@@ -57,7 +61,9 @@ def export_gguf(checkpoint: Path, out: Path, qtype: str = "F16", pre: str = "gpt
             array = permute(array, config["num_attention_heads"])
         elif arch in _PERMUTED and ".k_proj." in name:
             array = permute(array, config["num_key_value_heads"])
-        _add_tensor(writer, gguf_name(name), array, qtype)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1.0  # llama.cpp's Gemma3Model stores norm gains as 1 + w
+        _add_tensor(writer, gguf_name(name, arch), array, qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -97,6 +103,9 @@ def _write_config(writer: gguf.GGUFWriter, config: dict, qtype: str) -> None:
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_file_type(_FILE_TYPES[qtype])
+    if "sliding_window_pattern" in config:  # gemma3
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_sliding_window_pattern(config["sliding_window_pattern"])
 
 
 def _write_tokenizer(writer: gguf.GGUFWriter, checkpoint: Path, pre: str,

@@ -24,7 +24,7 @@ from workflows.create import CreateOptions, create
 
 model_store = mlx_models.model_store  # fixture
 PROMPT = [0, 2, 379, 480, 203, 76, 698, 346, 351, 73, 3, 2, 1000, 17]
-ARCHS = ["qwen2", "mistral"]
+ARCHS = ["qwen2", "mistral", "gemma3"]
 _dirs: dict[str, Path] = {}
 
 

@@ -81,7 +81,7 @@ def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_m
     assert _cosine_min(loaded.model(tokens), reference.model(tokens)) >= threshold
 
 
-@pytest.mark.parametrize("arch", ["qwen2"])
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
 def test_f16_gguf_of_other_architectures_matches_mlx_lm(model_store, make_checkpoint, tmp_path,
                                                         arch):
     checkpoint = write_checkpoint(tmp_path / arch, arch, Path(make_checkpoint("llama")))
