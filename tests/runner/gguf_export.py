@@ -20,8 +20,11 @@ _BLOCK = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+    "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+    "mlp.experts.gate_proj": "ffn_gate_exps", "mlp.experts.up_proj": "ffn_up_exps",
+    "mlp.experts.down_proj": "ffn_down_exps",
 }
+_EXPERT_RE = re.compile(r"^(.+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
 _GEMMA3_BLOCK = {**_BLOCK, "post_attention_layernorm": "post_attention_norm",
                  "pre_feedforward_layernorm": "ffn_norm",
                  "post_feedforward_layernorm": "post_ffw_norm"}
@@ -51,7 +54,8 @@ def export_gguf(checkpoint: Path, out: Path, qtype: str = "F16", pre: str = "gpt
                 metadata: dict | None = None) -> Path:
     """`metadata` overrides config.json values in the written metadata only (bad files)."""
     config = json.loads((checkpoint / "config.json").read_text())
-    arch = {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
+    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}.get(config["model_type"],
+                                                                  config["model_type"])
     writer = gguf.GGUFWriter(out, arch)
     _write_config(writer, {**config, **(metadata or {})}, qtype)
     if tokenizer:
@@ -72,10 +76,19 @@ def export_gguf(checkpoint: Path, out: Path, qtype: str = "F16", pre: str = "gpt
 
 
 def _tensors(checkpoint: Path) -> dict[str, np.ndarray]:
+    """Every tensor, per-expert ones stacked into `<group>.<proj>.weight` as llama.cpp does."""
     arrays: dict[str, np.ndarray] = {}
+    experts: dict[str, dict[int, np.ndarray]] = {}
     for path in sorted(checkpoint.glob("*.safetensors")):
         for name, value in mx.load(str(path)).items():
-            arrays[name] = np.array(value.astype(mx.float32))
+            array = np.array(value.astype(mx.float32))
+            match = _EXPERT_RE.match(name)
+            if match:
+                experts.setdefault(f"{match[1]}.{match[3]}.weight", {})[int(match[2])] = array
+            else:
+                arrays[name] = array
+    for name, parts in experts.items():
+        arrays[name] = np.stack([parts[i] for i in sorted(parts)])
     return arrays
 
 
@@ -103,6 +116,10 @@ def _write_config(writer: gguf.GGUFWriter, config: dict, qtype: str) -> None:
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_file_type(_FILE_TYPES[qtype])
+    if "num_experts" in config:  # qwen3_moe
+        writer.add_expert_count(config["num_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if "sliding_window_pattern" in config:  # gemma3
         writer.add_sliding_window(config["sliding_window"])
         writer.add_sliding_window_pattern(config["sliding_window_pattern"])

@@ -18,13 +18,15 @@ from registry.names import Name
 from runner.generate import Generator
 from runner.kv_cache import KVCache
 from runner.load import load_model
+from runner.nn.switch_linear import QuantizedSwitchLinear
+from runner.quant import parse_quant_type
 from runner.sample import Options
 from runner.tokenizer import ModelTokenizer
 from workflows.create import CreateOptions, create
 
 model_store = mlx_models.model_store  # fixture
 PROMPT = [0, 2, 379, 480, 203, 76, 698, 346, 351, 73, 3, 2, 1000, 17]
-ARCHS = ["qwen2", "mistral", "gemma3"]
+ARCHS = ["qwen2", "mistral", "gemma3", "qwen3_moe"]
 _dirs: dict[str, Path] = {}
 
 
@@ -92,3 +94,33 @@ def test_mistral_sliding_window_hides_what_lies_beyond_it(model_store, arch_mode
     steps = [loaded.model(mx.array([prompt[:6]]), cache)[0, -1]]
     steps += [loaded.model(mx.array([[t]]), cache)[0, -1] for t in prompt[6:]]
     assert mx.abs(mx.stack(steps) - ours[0, 5:]).max().item() <= 1e-4
+
+
+def test_qwen3_moe_long_prompt_sorted_by_expert_matches_mlx_lm(model_store, arch_model,
+                                                               arch_checkpoint):
+    loaded = load_model(model_store, arch_model("qwen3_moe"), "float32")
+    tokens = mx.array([[(7 * i + 3) % 2000 for i in range(48)]])  # 96 routed pairs: sorted
+    reference = _reference(arch_checkpoint("qwen3_moe"))(tokens)
+    assert mx.abs(loaded.model(tokens) - reference).max().item() <= 1e-3
+
+
+def test_qwen3_moe_int4_create_keeps_experts_quantized(model_store, arch_checkpoint):
+    name = "test/arch-qwen3_moe-int4"
+    create(Name.parse(name), arch_checkpoint("qwen3_moe"),
+           CreateOptions(quantize=parse_quant_type("int4")), model_store, lambda event: None,
+           threading.Event())
+    loaded = load_model(model_store, name, "native")
+    experts = loaded.model.layers[0].mlp.experts
+    assert isinstance(experts.gate_proj, QuantizedSwitchLinear) and experts.gate_proj.bits == 4
+    assert experts.down_proj.bits == 8  # int4 promotes down_proj (reference 2.2)
+    assert loaded.model.layers[0].mlp.gate.weight.dtype == mx.float32  # the router is kept
+    full = load_model(model_store, name, "float32")
+    reference = _reference(arch_checkpoint("qwen3_moe"))(mx.array([PROMPT]))
+    assert _cosine_min(loaded.model(mx.array([PROMPT])), reference) >= 0.95
+    assert _cosine_min(full.model(mx.array([PROMPT])), reference) >= 0.95
+
+
+def _cosine_min(a: mx.array, b: mx.array) -> float:
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    cos = mx.sum(a * b, -1) / (mx.linalg.norm(a, axis=-1) * mx.linalg.norm(b, axis=-1))
+    return cos.min().item()

@@ -81,17 +81,23 @@ def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_m
     assert _cosine_min(loaded.model(tokens), reference.model(tokens)) >= threshold
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
-def test_f16_gguf_of_other_architectures_matches_mlx_lm(model_store, make_checkpoint, tmp_path,
-                                                        arch):
+@pytest.mark.parametrize("arch,qtype,compute", [
+    ("qwen2", "F16", "float32"), ("gemma3", "F16", "float32"), ("qwen3_moe", "F16", "float32"),
+    ("qwen3_moe", "Q8_0", "native")])
+def test_gguf_of_other_architectures_matches_mlx_lm(model_store, make_checkpoint, tmp_path,
+                                                    arch, qtype, compute):
     checkpoint = write_checkpoint(tmp_path / arch, arch, Path(make_checkpoint("llama")))
-    path = export_gguf(checkpoint, tmp_path / f"{arch}.gguf", "F16")
-    name = _create_raw(model_store, path.read_bytes(), f"test/gguf-{arch}")
-    loaded = load_model(model_store, name, "float32")
+    path = export_gguf(checkpoint, tmp_path / f"{arch}.gguf", qtype)
+    name = _create_raw(model_store, path.read_bytes(), f"test/gguf-{arch}-{qtype}")
+    loaded = load_model(model_store, name, compute)
     reference, _ = mlx_lm.load(str(checkpoint))
     reference.set_dtype(mx.float32)
     tokens = mx.array([PROMPT])
-    assert mx.abs(loaded.model(tokens) - reference(tokens)).max().item() <= 1e-2
+    ours, theirs = loaded.model(tokens), reference(tokens)
+    if qtype == "F16":
+        assert mx.abs(ours - theirs).max().item() <= 1e-2
+    else:
+        assert _cosine_min(ours, theirs) >= 0.99
 
 
 def test_q4_0_stays_quantized_at_group_size_32(model_store, gguf_model):
