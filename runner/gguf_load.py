@@ -8,10 +8,12 @@ second pass over the file.
 Tensors are renamed from llama.cpp's names (`blk.N.attn_q.weight`) to the architecture module's
 (`model.layers.N.self_attn.q_proj.weight`); a module undoes llama.cpp's conventions for its family
 in an optional `from_gguf(weights, args)` (llama's Q/K row permutation, gemma's `1 + w` norms).
-F32/F16/BF16 load as they are; Q4_0, Q4_1 and Q8_0 blocks are repacked into MLX affine triples
-(group size 32) with no float copy; Q5_0/Q5_1 and the K-quants are dequantized one tensor at a
-time and requantized to the nearest MLX affine width at or above theirs; anything else is refused
-with the tensor's name and type.
+F32/F16/BF16 load as they are. Q4_0, Q4_1, Q8_0 and Q4_K are affine per 32 values already, so
+their blocks are repacked into MLX affine triples (group size 32) exactly, with no float copy.
+Q5_0/Q5_1/Q5_K, Q6_K, Q3_K and Q2_K are dequantized one tensor at a time and requantized to an
+MLX affine width whose step is no coarser than the source's (6, 8, 4 and 4 bits: a Q3_K or Q2_K
+sub-block of 16 spans at most the range of its group of 32), so no value moves by more than the
+source's own rounding; anything else is refused with the tensor's name and type.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from runner.quant import QuantType
 
 QK = 32  # llama.cpp's block size for Q4_0, Q4_1, Q8_0 (and MLX's group size for them)
 # Requantized types: the MLX affine width whose error is no worse than the source's.
-_REQUANT_BITS = {T.Q5_0: 6, T.Q5_1: 6, T.Q2_K: 4, T.Q3_K: 4, T.Q4_K: 4, T.Q5_K: 6, T.Q6_K: 8}
+_REQUANT_BITS = {T.Q5_0: 6, T.Q5_1: 6, T.Q2_K: 4, T.Q3_K: 4, T.Q5_K: 6, T.Q6_K: 8}
 _FLOATS = {T.F32: np.float32, T.F16: np.float16}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "output": "lm_head"}
@@ -192,6 +194,8 @@ def convert_tensor(tensor: Any, shape: tuple[int, ...], compute: str
         return {"weight": dense.astype(mx.float32) if compute == "float32" else dense}, None
     if kind in (T.Q4_0, T.Q4_1, T.Q8_0):
         parts, qtype = _repack(data, kind, shape)
+    elif kind == T.Q4_K:
+        parts, qtype = _repack_q4_k(data, shape)
     elif kind in _REQUANT_BITS:
         parts, qtype = _requantize(data, kind, shape)
     else:
@@ -243,6 +247,29 @@ def _repack(data: np.ndarray, kind: T, shape: tuple[int, ...]
     parts = {"weight": mx.array(words), "scales": mx.array(scale.reshape(*shape[:-1], -1)),
              "biases": mx.array(bias.reshape(*shape[:-1], -1))}
     return parts, QuantType(kind.name.lower(), bits, QK, "affine")
+
+
+def _repack_q4_k(data: np.ndarray, shape: tuple[int, ...]
+                 ) -> tuple[dict[str, mx.array], QuantType]:
+    """Q4_K super-blocks (256 values: f16 d and dmin, 6-bit scale and min for each of 8
+    sub-blocks of 32, 4-bit values) as MLX affine 4-bit, group 32: scale d*sc, bias -dmin*m."""
+    rows = math.prod(shape[:-1])
+    blocks = data.reshape(rows, shape[-1] // 256, 144)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed_scales = blocks[..., 4:16]
+    low, high = packed_scales[..., 0:4], packed_scales[..., 4:8]
+    tail = packed_scales[..., 8:12]
+    sc = np.concatenate([low & 63, (tail & 0xF) | ((low >> 6) << 4)], axis=-1)
+    mins = np.concatenate([high & 63, (tail >> 4) | ((high >> 6) << 4)], axis=-1)
+    nibbles = blocks[..., 16:].reshape(rows, -1, 4, 1, 32)  # 4 chunks of 2 sub-blocks
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(rows, -1)
+    words = np.ascontiguousarray((q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8))
+    scales = (d[..., None] * sc).astype(np.float16).reshape(*shape[:-1], -1)
+    biases = (-(dmin[..., None] * mins)).astype(np.float16).reshape(*shape[:-1], -1)
+    parts = {"weight": mx.array(words.view(np.uint32).reshape(*shape[:-1], -1)),
+             "scales": mx.array(scales), "biases": mx.array(biases)}
+    return parts, QuantType("q4_k", 4, QK, "affine")
 
 
 def _requantize(data: np.ndarray, kind: T, shape: tuple[int, ...]

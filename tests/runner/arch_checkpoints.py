@@ -19,6 +19,8 @@ _BASE = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
          "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 1,
          "hidden_act": "silu", "torch_dtype": "float32"}
 CONFIGS = {
+    "llama": {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False},
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
               "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True},
     "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
@@ -37,7 +39,7 @@ CONFIGS = {
 }
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 # the runner module that serves each fixture (gemma3's config says model_type gemma3_text)
-RUNNER_TYPE = {"qwen2": "qwen2", "mistral": "mistral", "gemma3": "gemma3_text",
+RUNNER_TYPE = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral", "gemma3": "gemma3_text",
                "qwen3_moe": "qwen3_moe"}
 
 

@@ -13,6 +13,7 @@ import gguf
 import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as T
+from kquants import quantize_q4_k, quantize_q6_k
 
 # HF module path under model.layers.N -> llama.cpp block tensor name.
 _BLOCK = {
@@ -30,7 +31,8 @@ _GEMMA3_BLOCK = {**_BLOCK, "post_attention_layernorm": "post_attention_norm",
                  "post_feedforward_layernorm": "post_ffw_norm"}
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _PERMUTED = {"llama"}  # architectures whose Q/K rows llama.cpp permutes
-_FILE_TYPES = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "F32": 0}
+_FILE_TYPES = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "F32": 0, "Q4_K": 15}
+_K_QUANTS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
 
 
 def gguf_name(name: str, arch: str = "llama") -> str:
@@ -98,9 +100,22 @@ def _add_tensor(writer: gguf.GGUFWriter, name: str, array: np.ndarray, qtype: st
     elif qtype == "F16":
         writer.add_tensor(name, array.astype(np.float16))
     else:
-        kind = getattr(T, qtype)
-        data = gguf.quants.quantize(array, kind)
+        kind = _k_quant_type(name, array, qtype)
+        rows = array.reshape(-1, array.shape[-1])
+        data = (_K_QUANTS[kind.name](rows) if kind.name in _K_QUANTS
+                else gguf.quants.quantize(rows, kind))
+        data = data.reshape(*array.shape[:-1], -1)
         writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
+
+
+def _k_quant_type(name: str, array: np.ndarray, qtype: str) -> T:
+    """Q4_K "M"-style: Q6_K for the output and ffn_down, Q4_K elsewhere; Q8_0 for rows that are
+    not whole 256-blocks (as llama.cpp falls back)."""
+    if qtype != "Q4_K":
+        return getattr(T, qtype)
+    if array.shape[-1] % 256:
+        return T.Q8_0
+    return T.Q6_K if name.startswith("output.") or "ffn_down" in name else T.Q4_K
 
 
 def _write_config(writer: gguf.GGUFWriter, config: dict, qtype: str) -> None:

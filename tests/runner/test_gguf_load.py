@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
+import gguf
 import mlx.core as mx
 import mlx_lm
 import mlx_models
+import numpy as np
 import pytest
 from arch_checkpoints import write_checkpoint
 from gguf_export import export_gguf
+from kquants import quantize_q4_k, quantize_q6_k
 
 from registry.names import Name
 from runner.generate import Generator
+from runner.gguf_load import convert_tensor
 from runner.load import LoadError, load_model
 from runner.sample import Options
 from runner.tokenizer import ModelTokenizer
@@ -139,3 +144,36 @@ def test_gguf_tensor_disagreeing_with_its_metadata_is_named(model_store, make_ch
     with pytest.raises(LoadError, match=r"GGUF tensor blk\.\d+\.ffn_\w+\.weight has shape "
                                         r"\[\d+, \d+\] but the metadata implies"):
         load_model(model_store, name, "native")
+
+
+@pytest.mark.parametrize("kind,quantizer,bits", [("Q4_K", quantize_q4_k, 4),
+                                                 ("Q6_K", quantize_q6_k, 8)])
+def test_k_quant_tensor_becomes_mlx_affine_no_coarser_than_its_source(kind, quantizer, bits):
+    x = np.random.default_rng(1).standard_normal((64, 512)).astype(np.float32) * 0.02
+    raw = quantizer(x)
+    source = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind))
+    tensor = SimpleNamespace(name="blk.0.attn_q.weight", data=raw,
+                             tensor_type=getattr(gguf.GGMLQuantizationType, kind))
+    parts, qtype = convert_tensor(tensor, (64, 512), "native")
+    assert qtype is not None and qtype.bits == bits and qtype.group_size == 32
+    ours = np.array(mx.dequantize(parts["weight"], parts["scales"], parts["biases"],
+                                  group_size=32, bits=bits).astype(mx.float32))
+    # the conversion moves no value by more than the source's own rounding did
+    assert np.abs(ours - source).max() <= np.abs(source - x).max()
+    if kind == "Q4_K":  # affine per 32 already: repacked exactly (scales rounded to f16)
+        assert np.abs(ours - source).max() <= 1e-4
+
+
+def test_q4_k_m_gguf_logits_close_to_float(model_store, make_checkpoint, tmp_path):
+    checkpoint = write_checkpoint(tmp_path / "wide", "llama", Path(make_checkpoint("llama")),
+                                  hidden_size=256, intermediate_size=512, head_dim=64,
+                                  num_hidden_layers=2)
+    path = export_gguf(checkpoint, tmp_path / "q4km.gguf", "Q4_K")
+    name = _create_raw(model_store, path.read_bytes(), "test/gguf-q4km")
+    loaded = load_model(model_store, name, "native")
+    assert loaded.model.layers[0].self_attn.q_proj.bits == 4
+    assert loaded.model.layers[0].mlp.down_proj.bits == 8  # Q6_K: requantized at 8 bits
+    reference, _ = mlx_lm.load(str(checkpoint))
+    reference.set_dtype(mx.float32)
+    tokens = mx.array([PROMPT])
+    assert _cosine_min(loaded.model(tokens), reference(tokens)) >= 0.95
