@@ -41,6 +41,16 @@ FILE_TYPES = {
     29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4",
 }
 
+# ggml tensor type -> (values per block, bytes per block), from ggml.c's type traits.
+TYPE_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+    9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),
+    15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18),
+    21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4),
+    27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66),
+    39: (32, 17),
+}
+
 
 class GGUFError(FerryError):
     """A file that is not a well-formed GGUF; the message says where it broke."""
@@ -157,7 +167,21 @@ def read_header(path: Path) -> GGUFHeader:
             alignment = DEFAULT_ALIGNMENT
         header.data_offset = -(-fh.tell() // alignment) * alignment
         header.alignment = alignment
+    _check_extents(path, header, size)
     return header
+
+
+def _check_extents(path: Path, header: GGUFHeader, size: int) -> None:
+    """Every tensor of a known type must lie inside the file: a truncated download or copy is
+    refused here, before anything tries to map it."""
+    for t in header.tensors:
+        block, nbytes = TYPE_SIZES.get(t.ggml_type, (0, 0))
+        if not block:
+            continue
+        end = header.data_offset + t.offset + math.prod(t.shape) // block * nbytes
+        if end > size:
+            raise GGUFError(f"{path.name}: truncated GGUF: tensor {t.name} runs past the end "
+                            f"of the file ({end} > {size} bytes)")
 
 
 def _read_kv(r: _Reader, header: GGUFHeader) -> None:

@@ -20,11 +20,11 @@ from kquants import quantize_q4_k, quantize_q6_k
 
 from registry.names import Name
 from runner.generate import Generator
-from runner.gguf_load import convert_tensor
+from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
 from runner.load import LoadError, load_model
 from runner.sample import Options
 from runner.tokenizer import ModelTokenizer
-from workflows.create import CreateOptions, GGUFFiles, create
+from workflows.create import CreateError, CreateOptions, GGUFFiles, create
 
 model_store, created_model = mlx_models.model_store, mlx_models.created_model  # fixtures
 
@@ -129,11 +129,20 @@ def test_gguf_with_unknown_architecture_is_a_clear_load_error(model_store, make_
         load_model(model_store, name, "native")
 
 
-def test_truncated_gguf_is_a_clear_load_error(model_store, make_checkpoint, tmp_path):
+def test_truncated_gguf_is_refused_at_create(model_store, make_checkpoint, tmp_path):
     raw = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf", "Q8_0").read_bytes()
-    name = _create_raw(model_store, raw[:-5000], "test/truncated")
-    with pytest.raises(LoadError, match="GGUF"):
-        load_model(model_store, name, "native")
+    with pytest.raises(CreateError, match=r"truncated GGUF: tensor \S+ runs past the end"):
+        _create_raw(model_store, raw[:-5000], "test/truncated")
+
+
+def test_truncated_tensor_data_is_a_clear_load_error(make_checkpoint, tmp_path):
+    """What the loader checks itself, for a file that got past create some other way."""
+    path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf", "Q8_0")
+    tensor = open_gguf(path).tensors["blk.0.attn_q.weight"]
+    short = SimpleNamespace(name=tensor.name, tensor_type=tensor.tensor_type,
+                            data=tensor.data[:-1])
+    with pytest.raises(GGUFLoadError, match=r"blk\.0\.attn_q\.weight is truncated"):
+        convert_tensor(short, (128, 128), "native")
 
 
 def test_gguf_tensor_disagreeing_with_its_metadata_is_named(model_store, make_checkpoint,
