@@ -122,8 +122,9 @@ class _Reader:
         return self.read(length).decode("utf-8", errors="replace")
 
 
-def _value(r: _Reader, vtype: int, keep: bool) -> tuple[Any, bool]:
-    """Read one value; returns (value, finite). With keep False, large arrays are skipped."""
+def _value(r: _Reader, vtype: int, limit: int | None) -> tuple[Any, bool]:
+    """Read one value; returns (value, finite). Arrays longer than `limit` (None: no limit) are
+    skipped and read as None."""
     if vtype in _SCALARS:
         value = r.unpack(_SCALARS[vtype])
         return value, not (vtype in _FLOATS and not math.isfinite(value))
@@ -132,21 +133,27 @@ def _value(r: _Reader, vtype: int, keep: bool) -> tuple[Any, bool]:
     if vtype != _ARRAY:
         raise GGUFError(f"unknown GGUF value type {vtype}")
     item_type, count = r.unpack("<I"), r.unpack("<Q")
-    keep = keep and count <= MAX_CACHED_ARRAY
-    if not keep and item_type in _SCALARS:
-        r.skip(count * struct.calcsize(_SCALARS[item_type]))
-        return None, True
+    keep = limit is None or count <= limit
+    if item_type in _SCALARS:
+        size = struct.calcsize(_SCALARS[item_type])
+        if not keep:
+            r.skip(count * size)
+            return None, True
+        items = list(struct.unpack(f"<{count}{_SCALARS[item_type][1]}", r.read(count * size)))
+        return items, item_type not in _FLOATS or all(math.isfinite(v) for v in items)
     items, finite = [], True
     for _ in range(count):
-        item, ok = _value(r, item_type, keep)
+        item, ok = _value(r, item_type, limit if keep else 0)
         finite = finite and ok
         if keep:
             items.append(item)
     return (items if keep else None), finite
 
 
-def read_header(path: Path) -> GGUFHeader:
-    """Parse a GGUF file's KVs and tensor infos (no tensor data is read)."""
+def read_header(path: Path, keep_arrays: bool = False) -> GGUFHeader:
+    """Parse a GGUF file's KVs and tensor infos (no tensor data is read). Arrays over 4096
+    elements are left out (listed in `omitted`) unless `keep_arrays` (the runner's tokenizer
+    needs them; the metadata cache does not)."""
     size = path.stat().st_size
     with open(path, "rb", buffering=1 << 20) as fh:
         r = _Reader(fh, size)
@@ -160,7 +167,7 @@ def read_header(path: Path) -> GGUFHeader:
             raise GGUFError(f"{path.name}: implausible counts in the GGUF header")
         header = GGUFHeader(version)
         for _ in range(kv_count):
-            _read_kv(r, header)
+            _read_kv(r, header, None if keep_arrays else MAX_CACHED_ARRAY)
         header.tensors = [_tensor_info(r) for _ in range(tensor_count)]
         alignment = header.kv.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0:
@@ -184,11 +191,11 @@ def _check_extents(path: Path, header: GGUFHeader, size: int) -> None:
                             f"of the file ({end} > {size} bytes)")
 
 
-def _read_kv(r: _Reader, header: GGUFHeader) -> None:
+def _read_kv(r: _Reader, header: GGUFHeader, limit: int | None) -> None:
     start = r.fh.tell()
     key = r.string()
     vtype = r.unpack("<I")
-    value, finite = _value(r, vtype, keep=True)
+    value, finite = _value(r, vtype, limit)
     header.types[key] = vtype
     header.spans[key] = (start, r.fh.tell())
     if value is None or not finite:

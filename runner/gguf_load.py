@@ -1,9 +1,9 @@
 """A GGUF model layer -> config.json, tokenizer files and MLX weights (issue 13).
 
-The file is opened once, with the `gguf` package's memory-mapped reader: its tensors and its
-tokenizer arrays come from that one parse; the configuration comes from the per-blob metadata
-cache (`metadata/sha256-<hex>.json`, registry.gguf) the model server wrote at create, never from a
-second pass over the file.
+The file's header is parsed once (registry.gguf, keeping the tokenizer's long arrays) and its data
+memory-mapped; the configuration comes from the per-blob metadata cache
+(`metadata/sha256-<hex>.json`) the model server wrote at create, never from a second pass. The
+`gguf` package supplies llama.cpp's type table and the K-quant dequantizers.
 
 Tensors are renamed from llama.cpp's names (`blk.N.attn_q.weight`) to the architecture module's
 (`model.layers.N.self_attn.q_proj.weight`); a module undoes llama.cpp's conventions for its family
@@ -30,12 +30,14 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from registry.gguf import GGUFError, GGUFHeader, read_header
 from runner.quant import QuantType
 
 QK = 32  # llama.cpp's block size for Q4_0, Q4_1, Q8_0 (and MLX's group size for them)
 # Requantized types: the MLX affine width whose error is no worse than the source's.
 _REQUANT_BITS = {T.Q5_0: 6, T.Q5_1: 6, T.Q2_K: 4, T.Q3_K: 4, T.Q5_K: 6, T.Q6_K: 8}
 _FLOATS = {T.F32: np.float32, T.F16: np.float16}
+_KNOWN = frozenset(int(t) for t in T)
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "output": "lm_head"}
 # llama.cpp block tensor -> module path under model.layers.N (a module may override entries).
@@ -68,31 +70,47 @@ class GGUFLoadError(ValueError):
     """The GGUF file cannot run here; the message names the tensor or key and why."""
 
 
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    tensor_type: int
+    shape: tuple[int, ...]  # llama.cpp's order: innermost dimension first
+    data: np.ndarray  # its raw bytes, mapped (shorter than the type implies if the file is)
+
+
 @dataclass
 class GGUFFile:
-    """An open GGUF file: the memory-mapped reader and its tensors by name."""
+    """An open GGUF file: its parsed header and its tensors, mapped, by name."""
 
     path: Path
-    reader: gguf.GGUFReader
-
-    @property
-    def tensors(self) -> dict[str, Any]:
-        return {t.name: t for t in self.reader.tensors}
+    header: GGUFHeader
+    tensors: dict[str, GGUFTensor]
 
     def float32_bytes(self) -> int:
-        return sum(int(t.n_elements) * 4 for t in self.reader.tensors)
+        return sum(math.prod(t.shape) * 4 for t in self.tensors.values())
 
     def field(self, key: str) -> Any:
-        """A metadata value by key (tokenizer arrays too), or None."""
-        item = self.reader.fields.get(key)
-        return None if item is None else item.contents()
+        """A metadata value by key (tokenizer arrays included), or None."""
+        return self.header.kv.get(key)
 
 
 def open_gguf(path: Path) -> GGUFFile:
     try:
-        return GGUFFile(path, gguf.GGUFReader(path))
-    except (ValueError, IndexError, KeyError, OSError) as exc:
-        raise GGUFLoadError(f"cannot read GGUF {path.name}: {exc}") from exc
+        header = read_header(path, keep_arrays=True)
+    except GGUFError as exc:
+        raise GGUFLoadError(f"cannot read GGUF {path.name}: {exc.message}") from exc
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors = {}
+    for info in header.tensors:
+        start = header.data_offset + info.offset
+        tensors[info.name] = GGUFTensor(info.name, info.ggml_type, info.shape,
+                                        mapped[start:start + _nbytes(info.ggml_type, info.shape)])
+    return GGUFFile(path, header, tensors)
+
+
+def _nbytes(kind: int, shape: tuple[int, ...]) -> int:
+    block, size = gguf.GGML_QUANT_SIZES.get(T(kind), (1, 0)) if kind in _KNOWN else (1, 0)
+    return math.prod(shape) // block * size
 
 
 def gguf_config(kv: dict[str, Any], file: GGUFFile, module: ModuleType) -> dict[str, Any]:
@@ -126,7 +144,7 @@ def _rope_scaling(kv: dict[str, Any], arch: str, file: GGUFFile) -> dict[str, An
     factors = file.tensors.get("rope_freqs.weight")
     if factors is not None:  # llama 3's frequency scaling, precomputed by llama.cpp
         return {"rope_scaling": {"rope_type": "freq_factors",
-                                 "factors": [float(f) for f in np.asarray(factors.data)]}}
+                                 "factors": factors.data.view(np.float32).tolist()}}
     if kind in (None, "none"):
         return {}
     factor = kv.get(f"{arch}.rope.scaling.factor")
@@ -152,7 +170,7 @@ def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
     expected = _expected_shapes(module, args)
     weights: dict[str, mx.array] = {}
     qtypes: dict[str, QuantType] = {}
-    for tensor in file.reader.tensors:
+    for tensor in file.tensors.values():
         if tensor.name == "rope_freqs.weight":
             continue  # folded into the config's rope_scaling
         name = module_path(tensor.name, overrides)
@@ -183,10 +201,12 @@ def _expected_shapes(module: ModuleType, args: Any) -> dict[str, tuple[int, ...]
         raise GGUFLoadError(f"GGUF metadata does not describe a model: {exc}") from exc
 
 
-def convert_tensor(tensor: Any, shape: tuple[int, ...], compute: str
+def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str
                    ) -> tuple[dict[str, mx.array], QuantType | None]:
     """One tensor as MLX arrays: {"weight"} dense, or {"weight", "scales", "biases"} with its
     quant type. With compute "float32", everything is dequantized to float32."""
+    if int(tensor.tensor_type) not in _KNOWN:
+        raise GGUFLoadError(f"GGUF tensor {tensor.name} has unknown type {tensor.tensor_type}")
     kind = T(int(tensor.tensor_type))
     data = _checked_data(tensor, shape)
     if kind in _FLOATS or kind == T.BF16:
@@ -209,7 +229,8 @@ def convert_tensor(tensor: Any, shape: tuple[int, ...], compute: str
     return parts, qtype
 
 
-def _checked_data(tensor: Any, shape: tuple[int, ...]) -> np.ndarray:
+def _checked_data(tensor: GGUFTensor, shape: tuple[int, ...]) -> np.ndarray:
+    """The tensor's bytes as [rows, bytes per row]; a short or misshapen one is refused."""
     kind = T(int(tensor.tensor_type))
     block, type_size = gguf.GGML_QUANT_SIZES[kind]
     if shape[-1] % block:
@@ -219,7 +240,7 @@ def _checked_data(tensor: Any, shape: tuple[int, ...]) -> np.ndarray:
     if tensor.data.nbytes != want:
         raise GGUFLoadError(f"GGUF tensor {tensor.name} is truncated: {tensor.data.nbytes} of "
                             f"{want} bytes")
-    return np.asarray(tensor.data)
+    return np.asarray(tensor.data).reshape(math.prod(shape[:-1]), -1)
 
 
 def _dense(data: np.ndarray, kind: T, shape: tuple[int, ...]) -> mx.array:

@@ -186,3 +186,12 @@ def test_q4_k_m_gguf_logits_close_to_float(model_store, make_checkpoint, tmp_pat
     reference.set_dtype(mx.float32)
     tokens = mx.array([PROMPT])
     assert _cosine_min(loaded.model(tokens), reference(tokens)) >= 0.95
+
+
+def test_unsupported_quant_type_is_refused_naming_tensor_and_type():
+    kind = gguf.GGMLQuantizationType.IQ2_XXS
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    tensor = SimpleNamespace(name="blk.3.ffn_up.weight", tensor_type=kind,
+                             data=np.zeros((4, 256 // block * size), np.uint8))
+    with pytest.raises(GGUFLoadError, match=r"blk\.3\.ffn_up\.weight has type IQ2_XXS"):
+        convert_tensor(tensor, (4, 256), "native")
