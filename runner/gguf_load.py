@@ -1,7 +1,9 @@
 """A GGUF model layer -> config.json, tokenizer files and MLX weights (issue 13).
 
-The file's header is parsed once (registry.gguf, keeping the tokenizer's long arrays) and its data
-memory-mapped; the configuration comes from the per-blob metadata cache
+The file's header is parsed once (registry.gguf, keeping the tokenizer's long arrays) and each
+tensor's bytes are read when it is converted, so the process never holds more than one source
+tensor beside the converted weights (a memory map would keep every touched page resident until
+the end of the load, doubling the peak); the configuration comes from the per-blob metadata cache
 (`metadata/sha256-<hex>.json`) the model server wrote at create, never from a second pass. The
 `gguf` package supplies llama.cpp's type table and the K-quant dequantizers.
 
@@ -75,7 +77,16 @@ class GGUFTensor:
     name: str
     tensor_type: int
     shape: tuple[int, ...]  # llama.cpp's order: innermost dimension first
-    data: np.ndarray  # its raw bytes, mapped (shorter than the type implies if the file is)
+    path: Path
+    start: int  # absolute file offset of its data
+    nbytes: int  # what its type and shape imply
+
+    @property
+    def data(self) -> np.ndarray:
+        """Its raw bytes, read now (fewer than `nbytes` if the file is short)."""
+        with open(self.path, "rb") as fh:
+            fh.seek(self.start)
+            return np.frombuffer(fh.read(self.nbytes), dtype=np.uint8)
 
 
 @dataclass
@@ -99,12 +110,9 @@ def open_gguf(path: Path) -> GGUFFile:
         header = read_header(path, keep_arrays=True)
     except GGUFError as exc:
         raise GGUFLoadError(f"cannot read GGUF {path.name}: {exc.message}") from exc
-    mapped = np.memmap(path, dtype=np.uint8, mode="r")
-    tensors = {}
-    for info in header.tensors:
-        start = header.data_offset + info.offset
-        tensors[info.name] = GGUFTensor(info.name, info.ggml_type, info.shape,
-                                        mapped[start:start + _nbytes(info.ggml_type, info.shape)])
+    tensors = {t.name: GGUFTensor(t.name, t.ggml_type, t.shape, path,
+                                  header.data_offset + t.offset, _nbytes(t.ggml_type, t.shape))
+               for t in header.tensors}
     return GGUFFile(path, header, tensors)
 
 
@@ -237,10 +245,11 @@ def _checked_data(tensor: GGUFTensor, shape: tuple[int, ...]) -> np.ndarray:
         raise GGUFLoadError(f"GGUF tensor {tensor.name}: row of {shape[-1]} is not a whole "
                             f"number of {kind.name} blocks")
     want = math.prod(shape) // block * type_size
-    if tensor.data.nbytes != want:
-        raise GGUFLoadError(f"GGUF tensor {tensor.name} is truncated: {tensor.data.nbytes} of "
+    data = np.asarray(tensor.data)
+    if data.nbytes != want:
+        raise GGUFLoadError(f"GGUF tensor {tensor.name} is truncated: {data.nbytes} of "
                             f"{want} bytes")
-    return np.asarray(tensor.data).reshape(math.prod(shape[:-1]), -1)
+    return data.reshape(math.prod(shape[:-1]), -1)
 
 
 def _dense(data: np.ndarray, kind: T, shape: tuple[int, ...]) -> mx.array:
