@@ -41,6 +41,16 @@ FILE_TYPES = {
     29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4",
 }
 
+# ggml tensor type -> (values per block, bytes per block), from ggml.c's type traits.
+TYPE_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+    9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),
+    15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18),
+    21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4),
+    27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66),
+    39: (32, 17),
+}
+
 
 class GGUFError(FerryError):
     """A file that is not a well-formed GGUF; the message says where it broke."""
@@ -112,8 +122,9 @@ class _Reader:
         return self.read(length).decode("utf-8", errors="replace")
 
 
-def _value(r: _Reader, vtype: int, keep: bool) -> tuple[Any, bool]:
-    """Read one value; returns (value, finite). With keep False, large arrays are skipped."""
+def _value(r: _Reader, vtype: int, limit: int | None) -> tuple[Any, bool]:
+    """Read one value; returns (value, finite). Arrays longer than `limit` (None: no limit) are
+    skipped and read as None."""
     if vtype in _SCALARS:
         value = r.unpack(_SCALARS[vtype])
         return value, not (vtype in _FLOATS and not math.isfinite(value))
@@ -122,21 +133,27 @@ def _value(r: _Reader, vtype: int, keep: bool) -> tuple[Any, bool]:
     if vtype != _ARRAY:
         raise GGUFError(f"unknown GGUF value type {vtype}")
     item_type, count = r.unpack("<I"), r.unpack("<Q")
-    keep = keep and count <= MAX_CACHED_ARRAY
-    if not keep and item_type in _SCALARS:
-        r.skip(count * struct.calcsize(_SCALARS[item_type]))
-        return None, True
+    keep = limit is None or count <= limit
+    if item_type in _SCALARS:
+        size = struct.calcsize(_SCALARS[item_type])
+        if not keep:
+            r.skip(count * size)
+            return None, True
+        items = list(struct.unpack(f"<{count}{_SCALARS[item_type][1]}", r.read(count * size)))
+        return items, item_type not in _FLOATS or all(math.isfinite(v) for v in items)
     items, finite = [], True
     for _ in range(count):
-        item, ok = _value(r, item_type, keep)
+        item, ok = _value(r, item_type, limit if keep else 0)
         finite = finite and ok
         if keep:
             items.append(item)
     return (items if keep else None), finite
 
 
-def read_header(path: Path) -> GGUFHeader:
-    """Parse a GGUF file's KVs and tensor infos (no tensor data is read)."""
+def read_header(path: Path, keep_arrays: bool = False) -> GGUFHeader:
+    """Parse a GGUF file's KVs and tensor infos (no tensor data is read). Arrays over 4096
+    elements are left out (listed in `omitted`) unless `keep_arrays` (the runner's tokenizer
+    needs them; the metadata cache does not)."""
     size = path.stat().st_size
     with open(path, "rb", buffering=1 << 20) as fh:
         r = _Reader(fh, size)
@@ -150,21 +167,35 @@ def read_header(path: Path) -> GGUFHeader:
             raise GGUFError(f"{path.name}: implausible counts in the GGUF header")
         header = GGUFHeader(version)
         for _ in range(kv_count):
-            _read_kv(r, header)
+            _read_kv(r, header, None if keep_arrays else MAX_CACHED_ARRAY)
         header.tensors = [_tensor_info(r) for _ in range(tensor_count)]
         alignment = header.kv.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0:
             alignment = DEFAULT_ALIGNMENT
         header.data_offset = -(-fh.tell() // alignment) * alignment
         header.alignment = alignment
+    _check_extents(path, header, size)
     return header
 
 
-def _read_kv(r: _Reader, header: GGUFHeader) -> None:
+def _check_extents(path: Path, header: GGUFHeader, size: int) -> None:
+    """Every tensor of a known type must lie inside the file: a truncated download or copy is
+    refused here, before anything tries to map it."""
+    for t in header.tensors:
+        block, nbytes = TYPE_SIZES.get(t.ggml_type, (0, 0))
+        if not block:
+            continue
+        end = header.data_offset + t.offset + math.prod(t.shape) // block * nbytes
+        if end > size:
+            raise GGUFError(f"{path.name}: truncated GGUF: tensor {t.name} runs past the end "
+                            f"of the file ({end} > {size} bytes)")
+
+
+def _read_kv(r: _Reader, header: GGUFHeader, limit: int | None) -> None:
     start = r.fh.tell()
     key = r.string()
     vtype = r.unpack("<I")
-    value, finite = _value(r, vtype, keep=True)
+    value, finite = _value(r, vtype, limit)
     header.types[key] = vtype
     header.spans[key] = (start, r.fh.tell())
     if value is None or not finite:

@@ -6,7 +6,9 @@ tensor layer per tensor whose blob is a standalone safetensors file. A quantized
 as `N` (packed), `N.scale` and, for affine modes, `N.bias`; `N.bias` is a quantization bias only
 when `N.scale` exists, otherwise it is an ordinary layer bias. A draft model for speculative
 decoding (config blob `draft` block, or `draft/config.json` plus `draft.` tensors) is loaded the
-same way into a second model, its tensor names with the prefix stripped.
+same way into a second model, its tensor names with the prefix stripped. A manifest whose model
+is a GGUF layer (and no tensor layers) is read by runner/gguf_load.py: config from the blob's
+metadata cache, tokenizer layers built from the file's metadata, tensors renamed and converted.
 
 Compute paths (`FERRY_COMPUTE`): "native" keeps every tensor as stored (bf16 matmuls, quantized
 matmuls); "float32" dequantizes and upcasts each tensor as it is read, so every matmul is a dense
@@ -30,11 +32,15 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from registry import media_types as mt
 from registry.digests import Digest
+from registry.errors import FerryError
+from registry.gguf import ensure_metadata
 from registry.manifests import ModelConfig
 from registry.names import Name
 from registry.safetensors_header import logical_tensors, read_header
 from registry.store import Store
-from runner.models import get_model_module, model_type_for_architecture
+from runner.gguf_load import GGUFFile, GGUFLoadError, gguf_config, open_gguf, read_weights
+from runner.gguf_tokenizer import eos_ids, tokenizer_files
+from runner.models import model_module, module_for_architecture, module_for_gguf
 from runner.quant import QuantType
 
 Release = Callable[[], None]
@@ -60,6 +66,7 @@ class ModelFiles:
     draft_config: dict[str, Any] | None = None  # the draft's config.json, when there is one
     draft_blobs: list[tuple[str, Digest]] = field(default_factory=list)
     draft_prefix: str = DRAFT_PREFIX
+    gguf: GGUFFile | None = None  # the open GGUF model layer, until its weights are loaded
 
 
 @dataclass
@@ -84,22 +91,47 @@ def read_model_files(store: Store, name: str) -> ModelFiles:
     tensors: list[tuple[str, Digest]] = []
     drafts: list[tuple[str, Digest]] = []
     text: dict[str, str] = {}
+    gguf: Digest | None = None
     for layer in manifest.layers:
-        if layer.media_type == mt.JSON and layer.name:
+        if layer.media_type == mt.MODEL:
+            gguf = layer.digest
+        elif layer.media_type == mt.JSON and layer.name:
             files[layer.name] = store.read_blob(layer.digest)
         elif layer.media_type == mt.TENSOR and layer.name:
             is_draft = layer.name.startswith(prefix)
             (drafts if is_draft else tensors).append((layer.name, layer.digest))
         elif layer.media_type in (mt.TEMPLATE, mt.PROMPT, mt.SYSTEM, mt.PARAMS):
             text[layer.media_type] = store.read_blob(layer.digest).decode()
+    params = json.loads(text[mt.PARAMS]) if mt.PARAMS in text else {}
+    if gguf is not None and not tensors:
+        return _gguf_files(store, name, gguf, files, text, params)
     if "config.json" not in files:
         raise LoadError(f"model {name} has no config.json layer")
     if not tensors:
-        raise LoadError(f"model {name} has no tensor layers (only safetensors models run here)")
-    params = json.loads(text[mt.PARAMS]) if mt.PARAMS in text else {}
+        raise LoadError(f"model {name} has no tensor layers and no GGUF model layer")
     return ModelFiles(json.loads(files["config.json"]), files,
                       text.get(mt.TEMPLATE, text.get(mt.PROMPT)), text.get(mt.SYSTEM), params,
                       tensors, *_draft_parts(name, blob_config, files, drafts), prefix)
+
+
+def _gguf_files(store: Store, name: str, digest: Digest, files: dict[str, bytes],
+                text: dict[str, str], params: dict[str, Any]) -> ModelFiles:
+    """A GGUF model's config and tokenizer layers, as a safetensors manifest would carry them;
+    the manifest's own JSON layers (if any) win."""
+    try:
+        gguf = open_gguf(store.blob_path(digest))
+        kv = ensure_metadata(store, digest)["kv"]
+        arch = str(kv.get("general.architecture") or "")
+        module = module_for_gguf(arch)
+        if module is None:
+            raise GGUFLoadError(f"GGUF architecture {arch!r} is not supported")
+        config = gguf_config(kv, gguf, module)
+        config["eos_token_id"] = eos_ids(gguf) or config.get("eos_token_id")
+        files = {**tokenizer_files(gguf), **files}
+    except (GGUFLoadError, FerryError) as exc:
+        raise LoadError(f"model {name}: {exc}") from exc
+    return ModelFiles(config, files, text.get(mt.TEMPLATE, text.get(mt.PROMPT)),
+                      text.get(mt.SYSTEM), params, [], gguf=gguf)
 
 
 def _config_blob(store: Store, digest: Digest | None) -> ModelConfig:
@@ -121,6 +153,8 @@ def _draft_parts(name: str, blob_config: ModelConfig, files: dict[str, bytes],
 
 def float32_bytes(store: Store, files: ModelFiles) -> int:
     """What the weights take once dequantized to float32 (headers only, no data read)."""
+    if files.gguf is not None:
+        return files.gguf.float32_bytes()
     total = 0
     for _, digest in files.tensor_blobs + files.draft_blobs:
         total += sum(t.elements * 4 for t in logical_tensors(read_header(store.blob_path(digest))))
@@ -190,14 +224,19 @@ def quantize_modules(model: nn.Module, qtypes: dict[str, QuantType]) -> None:
 
 
 def build_model(config: dict[str, Any]) -> tuple[nn.Module, Any]:
+    """The Model for a config.json: its `model_type` names the module, else `architectures[0]`
+    finds it."""
     model_type = config.get("model_type")
-    if not model_type:
-        archs = config.get("architectures") or [""]
-        model_type = model_type_for_architecture(archs[0])
     try:
-        module = get_model_module(str(model_type))
+        module = model_module(str(model_type)) if model_type else None
     except ValueError as exc:
         raise LoadError(str(exc)) from exc
+    if module is None:
+        archs = config.get("architectures") or [""]
+        module = module_for_architecture(str(archs[0]))
+        if module is None:
+            raise LoadError(f"architecture {archs[0]!r} is not supported")
+        model_type = module.__name__.rsplit(".", 1)[1]
     return module.Model(module.ModelArgs.from_dict({**config, "model_type": model_type})), module
 
 
@@ -216,13 +255,18 @@ def load_model(store: Store, name: str, compute: str = "auto",
     started = time.perf_counter()
     files = read_model_files(store, name)
     path = choose_compute(compute, store, files)
-    total = len(files.tensor_blobs) + len(files.draft_blobs)
+    total = max(1, len(files.tensor_blobs) + len(files.draft_blobs))
 
     def step(done: int) -> None:
         if progress is not None:
             progress(done / total)
 
-    model = load_weights(store, name, files.config, files.tensor_blobs, path, "", step)
+    if files.gguf is not None:
+        model = load_gguf_weights(name, files.config, files.gguf, path)
+        files.gguf = None  # unmaps the file: the weights are in MLX memory now
+        step(1)
+    else:
+        model = load_weights(store, name, files.config, files.tensor_blobs, path, "", step)
     draft = None
     if files.draft_config is not None and _draft_fits(name, files):
         offset = len(files.tensor_blobs)
@@ -259,6 +303,23 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
         progress(done)
     if hasattr(module, "sanitize"):
         weights = module.sanitize(weights)
+    return assign_weights(name, model, weights, qtypes)
+
+
+def load_gguf_weights(name: str, config: dict[str, Any], gguf: GGUFFile,
+                      compute: str) -> nn.Module:
+    """One model from an open GGUF file (runner/gguf_load.py does the renaming and conversion)."""
+    try:
+        model, module = build_model(config)
+        weights, qtypes = read_weights(gguf, module, model.args, compute)
+    except (GGUFLoadError, ValueError) as exc:
+        raise LoadError(f"model {name}: {exc}") from exc
+    return assign_weights(name, model, weights, qtypes)
+
+
+def assign_weights(name: str, model: nn.Module, weights: dict[str, mx.array],
+                   qtypes: dict[str, QuantType]) -> nn.Module:
+    """Swap in quantized layers, load `weights` strictly, and evaluate them."""
     if getattr(model, "args", None) is not None and model.args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     quantize_modules(model, qtypes)

@@ -10,10 +10,9 @@ waits (shielded) for the worker to stop, which happens within one tensor.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
@@ -27,16 +26,19 @@ from registry.store import Store
 from runner.quant import QuantRuntimeUnavailable, load_mlx
 from server.api_errors import APIError, read_json, require_str
 from server.api_stream import progress_response
-from workflows.create import CreateOptions, create, modelfile_layers, publish
-from workflows.create.config_blob import apply_info, check_requires, parse_info
+from workflows.create import (
+    BaseModel,
+    CreateOptions,
+    GGUFFiles,
+    Source,
+    UploadedFiles,
+    create,
+)
+from workflows.create.config_blob import check_requires, parse_info
 from workflows.create.errors import CreateError
-from workflows.create.gguf_import import gguf_layers
-from workflows.create.stage import is_gguf, parse_files_map, require_blobs, staged_dir
+from workflows.create.stage import is_gguf, parse_files_map, require_blobs
 from workflows.create.validate import parse_quantize
 from workflows.create.write import CancelSignal, Progress
-
-_GGUF_QUANTIZE = ("create-time quantization is only supported for safetensors imports; "
-                  "quantize GGUF models with llama.cpp tools before importing")
 
 
 class CreateLimits(Protocol):
@@ -50,27 +52,17 @@ class CreateLimits(Protocol):
 @dataclass(frozen=True)
 class CreateRequest:
     name: Name
-    files: dict[str, Digest]
-    draft_files: dict[str, Digest]
-    gguf: bool
+    source: Source
     options: CreateOptions
+
+    @property
+    def needs_mlx(self) -> bool:
+        """Importing a safetensors checkpoint (or a draft) quantizes and validates with MLX."""
+        return isinstance(self.source, UploadedFiles) or self.options.draft_dir is not None
 
     def run(self, store: Store, progress: Progress, cancel: CancelSignal) -> Digest:
         """The whole create, synchronously (a worker thread calls this)."""
-        if self.gguf:
-            layers, config = gguf_layers(self.files, store, progress, cancel)
-            layers += modelfile_layers(self.options, store)
-            apply_info(config, self.options.info or {})
-            return publish(self.name, config, layers, store, progress, cancel,
-                           self.options.noprune)
-        with contextlib.ExitStack() as stack:
-            options = self.options
-            if self.draft_files:
-                draft = stack.enter_context(staged_dir(store, self.draft_files, cancel))
-                options = replace(options, draft_dir=draft)
-            root = stack.enter_context(staged_dir(store, self.files, cancel)) \
-                if self.files else None
-            return create(self.name, root, options, store, progress, cancel)
+        return create(self.name, self.source, self.options, store, progress, cancel)
 
 
 def parse_request(data: dict[str, Any], store: Store, limits: CreateLimits) -> CreateRequest:
@@ -86,28 +78,33 @@ def parse_request(data: dict[str, Any], store: Store, limits: CreateLimits) -> C
                                   limits.max_create_files)
     require_blobs(store, {**files, **{f"draft/{k}": v for k, v in draft_files.items()}},
                   limits.max_metadata_file_bytes)
-    gguf = _file_kind(store, files)
-    base = _base_manifest(data.get("from"), store, bool(files))
-    if not files and base is None:
-        raise CreateError("neither files nor from were given; nothing to create")
+    source = _source(files, data.get("from"), store)
     quantize = _optional_str(data, "quantize") or _optional_str(data, "quantization")
-    draft_quantize = _optional_str(data, "draft_quantize")
-    if gguf and (quantize or draft_quantize):
-        raise CreateError(_GGUF_QUANTIZE)
-    if gguf and draft_files:
-        raise CreateError("DRAFT needs a safetensors model; GGUF drafts are not supported")
-    target_q, draft_q = parse_quantize(quantize, draft_quantize, bool(draft_files))
-    if base is not None and target_q is not None:
-        raise CreateError("quantize needs files to import; an existing model is not requantized")
+    target_q, draft_q = parse_quantize(quantize, _optional_str(data, "draft_quantize"),
+                                       bool(draft_files))
     options = CreateOptions(
-        quantize=target_q, draft_quantize=draft_q, base_manifest=base,
+        quantize=target_q, draft_quantize=draft_q,
+        draft_dir=UploadedFiles(draft_files) if draft_files else None,
         template=_optional_str(data, "template"), system=_optional_str(data, "system"),
         license=_licenses(data.get("license")), parameters=_object(data, "parameters"),
         messages=_messages(data.get("messages")),
         requires=check_requires(r) if (r := _optional_str(data, "requires")) else None,
         noprune=limits.noprune, info=info,
     )
-    return CreateRequest(name, files, draft_files, gguf, options)
+    return CreateRequest(name, source, options)
+
+
+def _source(files: dict[str, Digest], base: Any, store: Store) -> Source:
+    """What the model is made from: uploaded safetensors, GGUF files, or an existing model."""
+    if files:
+        if base not in (None, ""):
+            raise CreateError("from cannot be combined with files")
+        return GGUFFiles(files) if _file_kind(store, files) else UploadedFiles(files)
+    if base in (None, ""):
+        raise CreateError("neither files nor from were given; nothing to create")
+    if not isinstance(base, str):
+        raise CreateError("from must be a string")
+    return BaseModel(store.read_manifest(Name.parse_valid(base)))
 
 
 def _file_kind(store: Store, files: dict[str, Digest]) -> bool:
@@ -119,16 +116,6 @@ def _file_kind(store: Store, files: dict[str, Digest]) -> bool:
         extra = sorted(rel for rel, g in kinds.items() if not g)
         raise CreateError(f"a GGUF create takes only GGUF files; also got {', '.join(extra)}")
     return any(kinds.values())
-
-
-def _base_manifest(source: Any, store: Store, has_files: bool) -> bytes | None:
-    if source in (None, ""):
-        return None
-    if not isinstance(source, str):
-        raise CreateError("from must be a string")
-    if has_files:
-        raise CreateError("from cannot be combined with files")
-    return store.read_manifest(Name.parse_valid(source))
 
 
 def _optional_str(data: dict[str, Any], key: str) -> str | None:
@@ -211,7 +198,7 @@ async def create_model(request: Request) -> Response:
     store: Store = request.app.state.store
     data = await read_json(request)
     job = await asyncio.to_thread(parse_request, data, store, settings)
-    if not job.gguf and (job.files or job.draft_files):
+    if job.needs_mlx:
         _check_runtime()
     stream = data.get("stream", True) is not False
 

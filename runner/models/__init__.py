@@ -1,11 +1,11 @@
-"""The architecture registry: one module per `model_type`, found by name.
+"""The architecture registry: one module per `model_type`, found by name, as mlx-lm does.
 
 Each `runner/models/<model_type>.py` exports `ModelArgs` (a dataclass whose `from_dict` ignores
-unknown keys), `Model`, optionally `sanitize(weights)`, and `ARCHITECTURES`: the Hugging Face
-`architectures[0]` names it serves (e.g. `("LlamaForCausalLM",)`). The create pipeline asks this
-registry which checkpoints it may accept; it never imports mlx to do so (`supported_*` read only
-module-level names, which is why model modules import mlx lazily only if they must, or
-the caller accepts the import).
+unknown keys), `Model`, `ARCHITECTURES` (the Hugging Face `architectures[0]` names it serves),
+`tensor_shapes(args)` (every checkpoint tensor it needs, with the shape its config implies; what
+create validates), and optionally `sanitize(weights)`. Nothing else lists architectures, so adding
+one means adding one file. Importing a module imports MLX; where MLX is missing the lookup raises
+`QuantRuntimeUnavailable`, which the create API answers with 503.
 """
 
 from __future__ import annotations
@@ -14,41 +14,43 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-# model_type -> HF architecture names. Kept here, beside the modules, so that validation (create)
-# can answer "is this supported?" without importing mlx; a test checks it matches the modules.
-ARCHITECTURES: dict[str, tuple[str, ...]] = {
-    "llama": ("LlamaForCausalLM",),
-    "qwen3": ("Qwen3ForCausalLM",),
-}
+from runner.quant import QuantRuntimeUnavailable
 
 
-def supported_model_types() -> list[str]:
-    return sorted(ARCHITECTURES)
+def model_types() -> list[str]:
+    """The `model_type` of every architecture file (no import needed)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
-def supported_architectures() -> list[str]:
-    return sorted(name for names in ARCHITECTURES.values() for name in names)
+def model_module(model_type: str) -> ModuleType:
+    """Import `runner.models.<model_type>`; a clear ValueError when there is none."""
+    if model_type not in model_types():
+        raise ValueError(f"model type {model_type!r} is not supported; supported: "
+                         f"{', '.join(model_types())}")
+    try:
+        return importlib.import_module(f"{__name__}.{model_type}")
+    except ImportError as exc:
+        raise QuantRuntimeUnavailable(
+            f"MLX is not available on this server ({exc}); models cannot be built here") from exc
 
 
-def model_type_for_architecture(architecture: str) -> str | None:
-    for model_type, names in ARCHITECTURES.items():
-        if architecture in names:
-            return model_type
+def module_for_architecture(architecture: str) -> ModuleType | None:
+    """The module whose `ARCHITECTURES` names `architecture`, or None."""
+    for model_type in model_types():
+        module = model_module(model_type)
+        if architecture in module.ARCHITECTURES:
+            return module
     return None
 
 
-def get_model_module(model_type: str) -> ModuleType:
-    """Import `runner.models.<model_type>`; a clear ValueError when there is none."""
-    known = {m.name for m in pkgutil.iter_modules(__path__)}
-    if model_type not in known or model_type not in ARCHITECTURES:
-        raise ValueError(
-            f"model type {model_type!r} is not supported; supported: "
-            f"{', '.join(supported_model_types())}"
-        )
-    return importlib.import_module(f"{__name__}.{model_type}")
+def supported_architectures() -> list[str]:
+    return sorted(name for t in model_types() for name in model_module(t).ARCHITECTURES)
 
 
-def get_model_class(model_type: str) -> tuple[type, type]:
-    """(Model, ModelArgs) for a config.json `model_type`."""
-    module = get_model_module(model_type)
-    return module.Model, module.ModelArgs
+def module_for_gguf(architecture: str) -> ModuleType | None:
+    """The module whose `GGUF_ARCHITECTURES` names a GGUF `general.architecture`, or None."""
+    for model_type in model_types():
+        module = model_module(model_type)
+        if architecture in getattr(module, "GGUF_ARCHITECTURES", ()):
+            return module
+    return None

@@ -17,6 +17,7 @@ from runner.nn.linear import Linear
 from runner.nn.norm import RMSNorm
 
 ARCHITECTURES = ("LlamaForCausalLM",)
+GGUF_ARCHITECTURES = ("llama",)
 
 
 @dataclass
@@ -114,3 +115,43 @@ class Model(nn.Module):
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     """Drop what HF checkpoints carry but inference never reads (rotary caches)."""
     return {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
+
+
+def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of this architecture holds, with the shape `args` implies."""
+    assert args.num_key_value_heads is not None and args.head_dim is not None
+    hidden, inter, vocab = args.hidden_size, args.intermediate_size, args.vocab_size
+    q_dim = args.num_attention_heads * args.head_dim
+    kv_dim = args.num_key_value_heads * args.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden),
+                                          "model.norm.weight": (hidden,)}
+    if not args.tie_word_embeddings:
+        shapes["lm_head.weight"] = (vocab, hidden)
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}"
+        shapes.update({
+            f"{p}.input_layernorm.weight": (hidden,),
+            f"{p}.post_attention_layernorm.weight": (hidden,),
+            f"{p}.self_attn.q_proj.weight": (q_dim, hidden),
+            f"{p}.self_attn.k_proj.weight": (kv_dim, hidden),
+            f"{p}.self_attn.v_proj.weight": (kv_dim, hidden),
+            f"{p}.self_attn.o_proj.weight": (hidden, q_dim),
+            f"{p}.mlp.gate_proj.weight": (inter, hidden),
+            f"{p}.mlp.up_proj.weight": (inter, hidden),
+            f"{p}.mlp.down_proj.weight": (hidden, inter),
+        })
+    return shapes
+
+
+def from_gguf(weights: dict[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
+    """llama.cpp interleaves each Q and K head's rows for its rope layout; put them back in the
+    half-split order this module's RoPE expects (rows only, so packed weights, scales and
+    biases of a quantized tensor are reordered alike)."""
+    for proj, heads in (("q_proj", args.num_attention_heads),
+                        ("k_proj", args.num_key_value_heads)):
+        for key in [k for k in weights if f".self_attn.{proj}." in k]:
+            w = weights[key]
+            assert heads is not None
+            weights[key] = (w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])
+                            .swapaxes(1, 2).reshape(w.shape))
+    return weights

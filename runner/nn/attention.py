@@ -1,9 +1,11 @@
 """Multi-head self-attention with grouped KV heads (GQA), RoPE and a causal mask.
 
 Projections are `runner.nn.linear` layers (dense or quantized, decided at load); the optional
-per-head `q_norm`/`k_norm` (Qwen3) are applied before RoPE. `mx.fast.scaled_dot_product_attention`
-broadcasts the KV heads over the query groups itself, so K and V are never repeated in memory, and
-its "causal" mask is aligned to the end of the history, which is what a cached prefill needs.
+per-head `q_norm`/`k_norm` (Qwen3) are applied before RoPE. With a sliding `window` (Mistral,
+Gemma 3's local layers) each query sees only the last `window` positions, itself included.
+`mx.fast.scaled_dot_product_attention` broadcasts the KV heads over the query groups itself, so K
+and V are never repeated in memory, and its "causal" mask is aligned to the end of the history,
+which is what a cached prefill needs.
 """
 
 from __future__ import annotations
@@ -19,19 +21,34 @@ from runner.nn.norm import RMSNorm
 from runner.nn.rope import RoPE
 
 
+def attention_mask(offset: int, length: int, window: int | None) -> mx.array | str | None:
+    """Causal (and, past `window` positions, windowed) mask for `length` queries after
+    `offset` cached positions."""
+    total = offset + length
+    if window is None or total <= window:
+        return "causal" if length > 1 else None
+    queries = mx.arange(offset, total)[:, None]
+    keys = mx.arange(total)[None]
+    return (keys <= queries) & (keys > queries - window)
+
+
 class Attention(nn.Module):
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  rope_theta: float, rope_scaling: dict[str, Any] | None = None,
-                 bias: bool = False, qk_norm_eps: float | None = None) -> None:
+                 bias: bool = False, qk_norm_eps: float | None = None,
+                 o_bias: bool | None = None, scale: float | None = None,
+                 window: int | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = scale if scale is not None else head_dim ** -0.5
+        self.window = window
         self.q_proj = Linear(hidden_size, num_heads * head_dim, bias=bias)
         self.k_proj = Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.v_proj = Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=bias)
+        self.o_proj = Linear(num_heads * head_dim, hidden_size,
+                             bias=bias if o_bias is None else o_bias)
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
@@ -53,6 +70,6 @@ class Attention(nn.Module):
         q, k = self.rope(q, offset), self.rope(k, offset)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        mask = "causal" if length > 1 else None
+        mask = attention_mask(offset, length, self.window)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))

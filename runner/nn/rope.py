@@ -4,6 +4,8 @@ Llama 3 checkpoints carry `rope_scaling = {"rope_type": "llama3", "factor", "low
 "high_freq_factor", "original_max_position_embeddings"}`: long wavelengths are stretched by
 `factor`, short ones kept, and the band between interpolated smoothly. The frequencies are
 computed once here and handed to `mx.fast.rope`, so the per-token cost is the same as plain RoPE.
+GGUF files carry the same scaling precomputed as a `rope_freqs` tensor of per-pair factors
+(runner/gguf_load.py passes them on as `{"rope_type": "freq_factors", "factors": [...]}`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class RoPE(nn.Module):
         kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
         if kind == "llama3":
             self._freqs = llama3_frequencies(dims, base, scaling or {})
+            self.base = None
+        elif kind == "freq_factors":  # a GGUF's rope_freqs tensor: per-pair divisors
+            factors = mx.array((scaling or {})["factors"], dtype=mx.float32)
+            self._freqs = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims) * factors
             self.base = None
         elif kind == "linear":
             self.scale = 1.0 / float((scaling or {})["factor"])

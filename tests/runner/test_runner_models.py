@@ -5,24 +5,34 @@ from __future__ import annotations
 import pytest
 
 from runner.load import LoadError, build_model
-from runner.models import ARCHITECTURES, get_model_module
+from runner.models import model_module, model_types, module_for_architecture
 
 CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
           "unknown_key_from_a_newer_transformers": True}
 
 
-@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
-def test_registry_matches_each_module(model_type):
-    module = get_model_module(model_type)
-    assert ARCHITECTURES[model_type] == module.ARCHITECTURES
+def test_every_architecture_file_is_found_by_its_model_type():
+    assert {"llama", "qwen3"} <= set(model_types())
+    for model_type in model_types():
+        module = model_module(model_type)
+        assert module.ARCHITECTURES and callable(module.tensor_shapes)
+        for arch in module.ARCHITECTURES:
+            assert module_for_architecture(arch) is module
+
+
+@pytest.mark.parametrize("model_type", model_types())
+def test_each_module_builds_from_config_ignoring_unknown_keys(model_type):
+    module = model_module(model_type)
     args = module.ModelArgs.from_dict({**CONFIG, "model_type": model_type})
-    assert args.head_dim == 16 and args.num_key_value_heads == 2
+    assert args.num_hidden_layers == 2
+    shapes = module.tensor_shapes(args)
+    assert shapes["model.embed_tokens.weight"] == (100, 64)
 
 
-@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("model_type", model_types())
 def test_model_found_by_architecture_when_model_type_is_missing(model_type):
-    config = {**CONFIG, "architectures": [ARCHITECTURES[model_type][0]]}
+    config = {**CONFIG, "architectures": [model_module(model_type).ARCHITECTURES[0]]}
     model, module = build_model(config)
     assert module.__name__.endswith(model_type)
     assert len(model.layers) == 2
@@ -31,3 +41,5 @@ def test_model_found_by_architecture_when_model_type_is_missing(model_type):
 def test_unknown_architecture_is_a_clear_load_error():
     with pytest.raises(LoadError, match="not supported"):
         build_model({**CONFIG, "model_type": "mamba"})
+    with pytest.raises(LoadError, match="not supported"):
+        build_model({**CONFIG, "architectures": ["MambaForCausalLM"]})

@@ -93,7 +93,7 @@ def _config_edit(name: str, **changes):
 @pytest.mark.parametrize("variant,message", [
     (_truncated, "truncated"),
     (_overlapping, "overlap"),
-    (_config_edit("arch", architectures=["MistralForCausalLM"]), "unsupported architecture"),
+    (_config_edit("arch", architectures=["MambaForCausalLM"]), "unsupported architecture"),
     (_config_edit("shape", hidden_size=256), "has shape"),
 ])
 def test_bad_checkpoints_are_refused_with_400(model_server, store, make_checkpoint, tmp_path,

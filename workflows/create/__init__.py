@@ -1,7 +1,11 @@
-"""Create: a staged safetensors checkpoint (or an existing model) -> a ferry model.
+"""Create: a safetensors checkpoint, GGUF files or an existing model -> a ferry model.
 
-    inventory (headers only) -> validate -> plan (pure) -> write tensor blobs (quantized one
-    tensor at a time) -> JSON and Modelfile layers -> config blob -> manifest, written last.
+    source -> model layers and config -> Modelfile layers -> config blob -> manifest, written last
+
+The source is one parameter of the one pipeline: a checkpoint dir (`Path`), a checkpoint uploaded
+as blobs (`UploadedFiles`, staged into a temp dir here), `GGUFFiles` (wrapped unchanged) or a
+`BaseModel` (FROM an existing model). A checkpoint goes: inventory (headers only) -> validate ->
+plan (pure) -> write tensor blobs (quantized one tensor at a time) -> JSON layers.
 
 `create()` is synchronous and meant for a worker thread; it takes the store, a progress callback
 and a cancel signal (anything with `is_set()`), and checks the signal between tensors, so a
@@ -11,7 +15,9 @@ they are content-addressed, so a retry reuses them, and prune sweeps them if not
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +31,10 @@ from registry.store import Store
 from runner.quant import QuantType
 from workflows.create.config_blob import apply_info, build_config, draft_block
 from workflows.create.errors import CreateCancelled, CreateError
+from workflows.create.gguf_import import gguf_layers
 from workflows.create.inventory import Inventory, take_inventory
 from workflows.create.plan import plan_model
+from workflows.create.stage import staged_dir
 from workflows.create.validate import validate_checkpoint
 from workflows.create.write import (
     CancelSignal,
@@ -37,10 +45,38 @@ from workflows.create.write import (
     write_plan,
 )
 
-__all__ = ["CreateCancelled", "CreateError", "CreateOptions", "create", "modelfile_layers"]
+__all__ = ["BaseModel", "CreateCancelled", "CreateError", "CreateOptions", "GGUFFiles",
+           "Source", "UploadedFiles", "create", "modelfile_layers"]
 
 MODELFILE_TYPES = frozenset({mt.TEMPLATE, mt.PROMPT, mt.SYSTEM, mt.PARAMS, mt.MESSAGES,
                              mt.LICENSE})
+GGUF_QUANTIZE = ("create-time quantization is only supported for safetensors imports; "
+                 "quantize GGUF models with llama.cpp tools before importing")
+
+
+@dataclass(frozen=True)
+class UploadedFiles:
+    """A safetensors checkpoint already in the store as blobs, by relative path (the API's
+    `files`); create stages it as a directory and removes that afterwards."""
+
+    files: Mapping[str, Digest]
+
+
+@dataclass(frozen=True)
+class GGUFFiles:
+    """GGUF blobs in the store, by file name; wrapped as layers with their digests unchanged."""
+
+    files: Mapping[str, Digest]
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """FROM an existing model: its manifest bytes."""
+
+    manifest: bytes
+
+
+Source = Path | UploadedFiles | GGUFFiles | BaseModel
 
 
 @dataclass(frozen=True)
@@ -49,8 +85,7 @@ class CreateOptions:
 
     quantize: QuantType | None = None
     draft_quantize: QuantType | None = None
-    draft_dir: Path | None = None
-    base_manifest: bytes | None = None  # FROM <existing model>: its manifest bytes
+    draft_dir: Path | UploadedFiles | None = None  # DRAFT checkpoint, a dir or uploaded files
     template: str | None = None
     system: str | None = None
     license: tuple[str, ...] = ()
@@ -61,24 +96,47 @@ class CreateOptions:
     info: dict[str, Any] | None = None  # validated `info` overrides of config fields
 
 
-def create(name: Name, staged_dir: Path | None, options: CreateOptions, store: Store,
+def create(name: Name, source: Source, options: CreateOptions, store: Store,
            progress: Progress, cancel: CancelSignal) -> Digest:
     """Build and publish the model `name`; returns the manifest digest."""
-    draft = _inventory(options.draft_dir, "draft/") if options.draft_dir else None
-    if staged_dir is not None:
-        inv = _inventory(staged_dir, "")
-        model_type = validate_checkpoint(inv)
-        layers, config = _import_target(inv, model_type, options, draft, store, progress,
-                                        cancel)
-    elif options.base_manifest is not None:
-        layers, config = _from_base(options.base_manifest, store, draft)
-    else:
-        raise CreateError("nothing to create from: no files and no base model")
-    if draft is not None:
-        layers += _import_draft(draft, options, store, progress, cancel)
+    if isinstance(source, GGUFFiles) and (options.quantize or options.draft_quantize):
+        raise CreateError(GGUF_QUANTIZE)
+    with contextlib.ExitStack() as stack:
+        draft_root = _local_dir(options.draft_dir, store, cancel, stack)
+        draft = _inventory(draft_root, "draft/") if draft_root is not None else None
+        layers, config = _source_layers(source, options, draft, store, progress, cancel, stack)
+        if draft is not None:
+            layers += _import_draft(draft, options, store, progress, cancel)
     layers += modelfile_layers(options, store)
     apply_info(config, options.info or {})
     return publish(name, config, layers, store, progress, cancel, options.noprune)
+
+
+def _local_dir(source: Path | UploadedFiles | None, store: Store, cancel: CancelSignal,
+               stack: contextlib.ExitStack) -> Path | None:
+    if isinstance(source, UploadedFiles):
+        return stack.enter_context(staged_dir(store, source.files, cancel))
+    return source
+
+
+def _source_layers(source: Source, options: CreateOptions, draft: Inventory | None,
+                   store: Store, progress: Progress, cancel: CancelSignal,
+                   stack: contextlib.ExitStack) -> tuple[list[Descriptor], ModelConfig]:
+    """The model's own layers and its config blob, whatever it is made from."""
+    if isinstance(source, GGUFFiles):
+        if draft is not None:
+            raise CreateError("DRAFT needs a safetensors model; GGUF drafts are not supported")
+        return gguf_layers(source.files, store, progress, cancel)
+    if isinstance(source, BaseModel):
+        if options.quantize is not None:
+            raise CreateError("quantize needs files to import; an existing model is not "
+                              "requantized")
+        return _from_base(source.manifest, store, draft)
+    root = _local_dir(source, store, cancel, stack)
+    assert root is not None
+    inv = _inventory(root, "")
+    model_type = validate_checkpoint(inv)
+    return _import_target(inv, model_type, options, draft, store, progress, cancel)
 
 
 def _inventory(root: Path, where: str) -> Inventory:

@@ -1,22 +1,29 @@
 """Validation before any MLX work: the checkpoint must be one ferry's runner can load.
 
-Checks that need only the inventory (config.json and headers): the architecture is registered
-in `runner.models` (read without importing mlx), and every tensor the architecture needs is
-present with the shape the config implies (hidden size, layer count, heads, vocab). Each failure
-is a CreateError naming the file and the problem.
+Checks that need only the inventory (config.json and headers): the architecture is one a
+`runner/models/<model_type>.py` file serves, and every tensor that file's `tensor_shapes` lists
+is present with the shape the config implies. Asking the architecture file imports MLX; where it
+is missing that is `QuantRuntimeUnavailable` (503). Each failure is a CreateError naming the file
+and the problem.
 """
 
 from __future__ import annotations
 
 import re
+from types import ModuleType
 from typing import Any
 
-from runner.models import model_type_for_architecture, supported_architectures
+from runner.models import module_for_architecture, supported_architectures
 from runner.quant import QuantType, UnknownQuantType, parse_quant_type
 from workflows.create.errors import CreateError
 from workflows.create.inventory import CONFIG_FILE, FLOAT_DTYPES, Inventory
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+# config.json sizes that must be positive integers when present (every architecture's names).
+_POSITIVE_INTS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "vocab_size", "num_experts",
+                  "moe_intermediate_size", "num_experts_per_tok")
+_REQUIRED_INTS = ("hidden_size", "num_hidden_layers", "vocab_size")
 
 
 def parse_quantize(quantize: str | None, draft_quantize: str | None,
@@ -38,16 +45,10 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
     arch = inv.architecture
     if not arch:
         raise CreateError("architectures[0] is missing", config_name)
-    model_type = model_type_for_architecture(arch)
-    if model_type is None:
-        raise CreateError(f"unsupported architecture {arch!r}: ferry's runner supports "
-                          f"{', '.join(supported_architectures())}", config_name)
-    expected = expected_shapes(inv.config, config_name, model_type)
-    for name, shape in expected.items():
+    shapes = expected_shapes(inv.config, config_name)
+    for name, shape in shapes.items():
         info = inv.tensors.get(name)
         if info is None:
-            if name == "lm_head.weight" and inv.config.get("tie_word_embeddings"):
-                continue
             raise CreateError(f"tensor {name!r} is missing from the safetensors files")
         if info.shape != shape:
             raise CreateError(f"tensor {name!r} has shape {list(info.shape)} but config.json "
@@ -56,7 +57,19 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
             raise CreateError(f"tensor {name!r} has dtype {info.dtype}; only BF16, F16 and F32 "
                               "checkpoints can be imported", info.file.name)
     _check_layer_indices(inv, int(inv.config["num_hidden_layers"]))
-    return model_type
+    return model_type_of(_module(arch, config_name))
+
+
+def model_type_of(module: ModuleType) -> str:
+    return module.__name__.rsplit(".", 1)[1]
+
+
+def _module(arch: str, where: str) -> ModuleType:
+    module = module_for_architecture(arch)
+    if module is None:
+        raise CreateError(f"unsupported architecture {arch!r}: ferry's runner supports "
+                          f"{', '.join(supported_architectures())}", where)
+    return module
 
 
 def _check_layer_indices(inv: Inventory, layers: int) -> None:
@@ -67,40 +80,27 @@ def _check_layer_indices(inv: Inventory, layers: int) -> None:
                               info.file.name)
 
 
-def _int(config: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
-    value = config.get(key, default)
+def expected_shapes(config: dict[str, Any], where: str = CONFIG_FILE
+                    ) -> dict[str, tuple[int, ...]]:
+    """Every tensor the config's architecture needs, with its shape; the architecture file
+    (`runner/models/<model_type>.py`, its `tensor_shapes`) is what knows them."""
+    archs = config.get("architectures")
+    module = _module(archs[0] if isinstance(archs, list) and archs else "", where)
+    for key in _POSITIVE_INTS:
+        if config.get(key) is not None or key in _REQUIRED_INTS:
+            _int(config, key, where)
+    try:
+        args = module.ModelArgs.from_dict({**config, "model_type": model_type_of(module)})
+        shapes: dict[str, tuple[int, ...]] = module.tensor_shapes(args)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+        raise CreateError(f"does not describe a model ferry can load: {exc}", where) from exc
+    if any(not isinstance(d, int) or d <= 0 for shape in shapes.values() for d in shape):
+        raise CreateError("implies a tensor with an empty or invalid dimension", where)
+    return shapes
+
+
+def _int(config: dict[str, Any], key: str, where: str) -> int:
+    value = config.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise CreateError(f"{key} must be a positive integer, got {value!r}", where)
     return value
-
-
-def expected_shapes(config: dict[str, Any], where: str,
-                    model_type: str) -> dict[str, tuple[int, ...]]:
-    """Every tensor a llama-family decoder needs, with the shape config.json implies."""
-    hidden = _int(config, "hidden_size", where)
-    layers = _int(config, "num_hidden_layers", where)
-    heads = _int(config, "num_attention_heads", where)
-    kv_heads = _int(config, "num_key_value_heads", where, heads)
-    head_dim = _int(config, "head_dim", where, hidden // heads)
-    inter = _int(config, "intermediate_size", where)
-    vocab = _int(config, "vocab_size", where)
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden),
-                                          "model.norm.weight": (hidden,),
-                                          "lm_head.weight": (vocab, hidden)}
-    for i in range(layers):
-        p = f"model.layers.{i}"
-        shapes.update({
-            f"{p}.input_layernorm.weight": (hidden,),
-            f"{p}.post_attention_layernorm.weight": (hidden,),
-            f"{p}.self_attn.q_proj.weight": (heads * head_dim, hidden),
-            f"{p}.self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
-            f"{p}.self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
-            f"{p}.self_attn.o_proj.weight": (hidden, heads * head_dim),
-            f"{p}.mlp.gate_proj.weight": (inter, hidden),
-            f"{p}.mlp.up_proj.weight": (inter, hidden),
-            f"{p}.mlp.down_proj.weight": (hidden, inter),
-        })
-        if model_type == "qwen3":
-            shapes[f"{p}.self_attn.q_norm.weight"] = (head_dim,)
-            shapes[f"{p}.self_attn.k_norm.weight"] = (head_dim,)
-    return shapes

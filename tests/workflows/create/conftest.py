@@ -23,7 +23,7 @@ def wide_checkpoint(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("wide")
     (out / "config.json").write_text(json.dumps(WIDE_CONFIG))
-    shapes = expected_shapes(WIDE_CONFIG, "config.json", "llama")
+    shapes = expected_shapes(WIDE_CONFIG)
     rng = np.random.default_rng(0)
     header, offset, arrays = {}, 0, []
     for name, shape in shapes.items():

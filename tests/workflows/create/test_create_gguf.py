@@ -86,3 +86,11 @@ def test_split_gguf_with_a_missing_part_is_refused(model_server, store, tmp_path
     files = {p.name: str(store.write_blob_bytes(p.read_bytes())) for p in parts}
     resp = _post(model_server, {"model": "me/split", "files": files})
     assert resp.status_code == 400 and "needs parts 1..3" in resp.json()["error"]
+
+
+def test_truncated_gguf_is_refused_with_400(model_server, store, tmp_path):
+    raw = write_gguf(tmp_path / "m.gguf").read_bytes()
+    digest = store.write_blob_bytes(raw[:-40])
+    resp = _post(model_server, {"model": "me/cut", "files": {"m.gguf": str(digest)}})
+    assert resp.status_code == 400
+    assert "truncated GGUF: tensor blk.2.weight runs past the end" in resp.json()["error"]

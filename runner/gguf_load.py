@@ -1,0 +1,313 @@
+"""A GGUF model layer -> config.json, tokenizer files and MLX weights (issue 13).
+
+The file's header is parsed once (registry.gguf, keeping the tokenizer's long arrays) and each
+tensor's bytes are read when it is converted, so the process never holds more than one source
+tensor beside the converted weights (a memory map would keep every touched page resident until
+the end of the load, doubling the peak); the configuration comes from the per-blob metadata cache
+(`metadata/sha256-<hex>.json`) the model server wrote at create, never from a second pass. The
+`gguf` package supplies llama.cpp's type table and the K-quant dequantizers.
+
+Tensors are renamed from llama.cpp's names (`blk.N.attn_q.weight`) to the architecture module's
+(`model.layers.N.self_attn.q_proj.weight`); a module undoes llama.cpp's conventions for its family
+in an optional `from_gguf(weights, args)` (llama's Q/K row permutation, gemma's `1 + w` norms).
+F32/F16/BF16 load as they are. Q4_0, Q4_1, Q8_0 and Q4_K are affine per 32 values already, so
+their blocks are repacked into MLX affine triples (group size 32) exactly, with no float copy.
+Q5_0/Q5_1/Q5_K, Q6_K, Q3_K and Q2_K are dequantized one tensor at a time and requantized to an
+MLX affine width whose step is no coarser than the source's (6, 8, 4 and 4 bits: a Q3_K or Q2_K
+sub-block of 16 spans at most the range of its group of 32), so no value moves by more than the
+source's own rounding; anything else is refused with the tensor's name and type.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import gguf
+import mlx.core as mx
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from registry.gguf import GGUFError, GGUFHeader, read_header
+from runner.quant import QuantType
+
+QK = 32  # llama.cpp's block size for Q4_0, Q4_1, Q8_0 (and MLX's group size for them)
+# Requantized types: the MLX affine width whose error is no worse than the source's.
+_REQUANT_BITS = {T.Q5_0: 6, T.Q5_1: 6, T.Q2_K: 4, T.Q3_K: 4, T.Q5_K: 6, T.Q6_K: 8}
+_FLOATS = {T.F32: np.float32, T.F16: np.float16}
+_KNOWN = frozenset(int(t) for t in T)
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+              "output": "lm_head"}
+# llama.cpp block tensor -> module path under model.layers.N (a module may override entries).
+BLOCK_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z0-9_]+)\.(weight|bias)$")
+# config.json key <- `<arch>.<key>` in the GGUF metadata.
+_CONFIG_KEYS = {
+    "max_position_embeddings": "context_length", "hidden_size": "embedding_length",
+    "num_hidden_layers": "block_count", "intermediate_size": "feed_forward_length",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon", "rope_theta": "rope.freq_base",
+    "sliding_window": "attention.sliding_window", "num_experts": "expert_count",
+    "num_experts_per_tok": "expert_used_count",
+    "moe_intermediate_size": "expert_feed_forward_length",
+    "final_logit_softcapping": "final_logit_softcapping",
+    "attn_logit_softcapping": "attn_logit_softcapping",
+}
+
+
+class GGUFLoadError(ValueError):
+    """The GGUF file cannot run here; the message names the tensor or key and why."""
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    tensor_type: int
+    shape: tuple[int, ...]  # llama.cpp's order: innermost dimension first
+    path: Path
+    start: int  # absolute file offset of its data
+    nbytes: int  # what its type and shape imply
+
+    @property
+    def data(self) -> np.ndarray:
+        """Its raw bytes, read now (fewer than `nbytes` if the file is short)."""
+        with open(self.path, "rb") as fh:
+            fh.seek(self.start)
+            return np.frombuffer(fh.read(self.nbytes), dtype=np.uint8)
+
+
+@dataclass
+class GGUFFile:
+    """An open GGUF file: its parsed header and its tensors, mapped, by name."""
+
+    path: Path
+    header: GGUFHeader
+    tensors: dict[str, GGUFTensor]
+
+    def float32_bytes(self) -> int:
+        return sum(math.prod(t.shape) * 4 for t in self.tensors.values())
+
+    def field(self, key: str) -> Any:
+        """A metadata value by key (tokenizer arrays included), or None."""
+        return self.header.kv.get(key)
+
+
+def open_gguf(path: Path) -> GGUFFile:
+    try:
+        header = read_header(path, keep_arrays=True)
+    except GGUFError as exc:
+        raise GGUFLoadError(f"cannot read GGUF {path.name}: {exc.message}") from exc
+    tensors = {t.name: GGUFTensor(t.name, t.ggml_type, t.shape, path,
+                                  header.data_offset + t.offset, _nbytes(t.ggml_type, t.shape))
+               for t in header.tensors}
+    return GGUFFile(path, header, tensors)
+
+
+def _nbytes(kind: int, shape: tuple[int, ...]) -> int:
+    block, size = gguf.GGML_QUANT_SIZES.get(T(kind), (1, 0)) if kind in _KNOWN else (1, 0)
+    return math.prod(shape) // block * size
+
+
+def gguf_config(kv: dict[str, Any], file: GGUFFile, module: ModuleType) -> dict[str, Any]:
+    """config.json for the model, from the cached key/values (and tensor names)."""
+    arch = str(kv.get("general.architecture") or "")
+    config: dict[str, Any] = {"architectures": [module.ARCHITECTURES[0]],
+                              "model_type": module.__name__.rsplit(".", 1)[1]}
+    for key, gguf_key in _CONFIG_KEYS.items():
+        value = kv.get(f"{arch}.{gguf_key}")
+        if isinstance(value, list) and value and all(v == value[0] for v in value):
+            value = value[0]  # per-layer arrays that do not vary
+        if value is not None:
+            config[key] = value
+    tensors = file.tensors
+    if "token_embd.weight" not in tensors:
+        raise GGUFLoadError("GGUF has no token_embd.weight tensor")
+    config["vocab_size"] = int(tensors["token_embd.weight"].shape[1])
+    config["tie_word_embeddings"] = "output.weight" not in tensors
+    config.update(_rope_scaling(kv, arch, file))
+    for key in ("bos_token_id", "eos_token_id"):
+        value = kv.get(f"tokenizer.ggml.{key}")
+        if isinstance(value, int):
+            config[key] = value
+    if hasattr(module, "gguf_config"):
+        config = module.gguf_config(config, kv)
+    return config
+
+
+def _rope_scaling(kv: dict[str, Any], arch: str, file: GGUFFile) -> dict[str, Any]:
+    kind = kv.get(f"{arch}.rope.scaling.type")
+    factors = file.tensors.get("rope_freqs.weight")
+    if factors is not None:  # llama 3's frequency scaling, precomputed by llama.cpp
+        return {"rope_scaling": {"rope_type": "freq_factors",
+                                 "factors": factors.data.view(np.float32).tolist()}}
+    if kind in (None, "none"):
+        return {}
+    factor = kv.get(f"{arch}.rope.scaling.factor")
+    return {"rope_scaling": {"rope_type": str(kind), "factor": factor}}
+
+
+def module_path(name: str, overrides: dict[str, str]) -> str | None:
+    """The module parameter name for a llama.cpp tensor name; None for one with no place."""
+    stem, _, kind = name.rpartition(".")
+    if stem in _TOP_NAMES:
+        return f"{_TOP_NAMES[stem]}.{kind}"
+    match = _BLOCK_RE.match(name)
+    if match is None:
+        return None
+    path = {**BLOCK_NAMES, **overrides}.get(match[2])
+    return None if path is None else f"model.layers.{match[1]}.{path}.{match[3]}"
+
+
+def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
+                 ) -> tuple[dict[str, mx.array], dict[str, QuantType]]:
+    """Every tensor under its module name; quant types by module path (as load.py expects)."""
+    overrides = getattr(module, "GGUF_BLOCK_NAMES", {})
+    expected = _expected_shapes(module, args)
+    weights: dict[str, mx.array] = {}
+    qtypes: dict[str, QuantType] = {}
+    for tensor in file.tensors.values():
+        if tensor.name == "rope_freqs.weight":
+            continue  # folded into the config's rope_scaling
+        name = module_path(tensor.name, overrides)
+        if name is None:
+            raise GGUFLoadError(f"GGUF tensor {tensor.name} has no place in {module.__name__}")
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        want = expected.get(name)
+        if want is not None and want != shape:
+            raise GGUFLoadError(f"GGUF tensor {tensor.name} has shape {list(shape)} but the "
+                                f"metadata implies {list(want)}")
+        parts, qtype = convert_tensor(tensor, shape, compute)
+        module_name = name.rsplit(".", 1)[0]
+        if qtype is None:
+            weights[name] = parts["weight"]
+            continue
+        qtypes[module_name] = qtype
+        weights.update({f"{module_name}.{k}": v for k, v in parts.items()})
+    if hasattr(module, "from_gguf"):
+        weights = module.from_gguf(weights, args)
+    return weights, qtypes
+
+
+def _expected_shapes(module: ModuleType, args: Any) -> dict[str, tuple[int, ...]]:
+    """The architecture's checkpoint shapes, for the names a GGUF holds the same way."""
+    try:
+        return dict(module.tensor_shapes(args))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise GGUFLoadError(f"GGUF metadata does not describe a model: {exc}") from exc
+
+
+def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str
+                   ) -> tuple[dict[str, mx.array], QuantType | None]:
+    """One tensor as MLX arrays: {"weight"} dense, or {"weight", "scales", "biases"} with its
+    quant type. With compute "float32", everything is dequantized to float32."""
+    if int(tensor.tensor_type) not in _KNOWN:
+        raise GGUFLoadError(f"GGUF tensor {tensor.name} has unknown type {tensor.tensor_type}")
+    kind = T(int(tensor.tensor_type))
+    data = _checked_data(tensor, shape)
+    if kind in _FLOATS or kind == T.BF16:
+        dense = _dense(data, kind, shape)
+        return {"weight": dense.astype(mx.float32) if compute == "float32" else dense}, None
+    if kind in (T.Q4_0, T.Q4_1, T.Q8_0):
+        parts, qtype = _repack(data, kind, shape)
+    elif kind == T.Q4_K:
+        parts, qtype = _repack_q4_k(data, shape)
+    elif kind in _REQUANT_BITS:
+        parts, qtype = _requantize(data, kind, shape)
+    else:
+        raise GGUFLoadError(f"GGUF tensor {tensor.name} has type {kind.name}, which ferry's "
+                            "runner cannot load (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
+                            "Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)")
+    if compute == "float32":
+        dense = mx.dequantize(parts["weight"], parts["scales"], parts["biases"],
+                              group_size=qtype.group_size, bits=qtype.bits)
+        return {"weight": dense.astype(mx.float32)}, None
+    return parts, qtype
+
+
+def _checked_data(tensor: GGUFTensor, shape: tuple[int, ...]) -> np.ndarray:
+    """The tensor's bytes as [rows, bytes per row]; a short or misshapen one is refused."""
+    kind = T(int(tensor.tensor_type))
+    block, type_size = gguf.GGML_QUANT_SIZES[kind]
+    if shape[-1] % block:
+        raise GGUFLoadError(f"GGUF tensor {tensor.name}: row of {shape[-1]} is not a whole "
+                            f"number of {kind.name} blocks")
+    want = math.prod(shape) // block * type_size
+    data = np.asarray(tensor.data)
+    if data.nbytes != want:
+        raise GGUFLoadError(f"GGUF tensor {tensor.name} is truncated: {data.nbytes} of "
+                            f"{want} bytes")
+    return data.reshape(math.prod(shape[:-1]), -1)
+
+
+def _dense(data: np.ndarray, kind: T, shape: tuple[int, ...]) -> mx.array:
+    if kind == T.BF16:
+        return mx.array(data.view(np.uint16).reshape(shape)).view(mx.bfloat16)
+    return mx.array(data.view(_FLOATS[kind]).reshape(shape))
+
+
+def _repack(data: np.ndarray, kind: T, shape: tuple[int, ...]
+            ) -> tuple[dict[str, mx.array], QuantType]:
+    """Q4_0 / Q4_1 / Q8_0 blocks as MLX affine (w = scale * q + bias), bit-exact."""
+    rows = math.prod(shape[:-1])
+    blocks = data.reshape(rows, shape[-1] // QK, -1)
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    if kind == T.Q8_0:
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        packed, bias, bits = q, scale * np.float16(-128), 8
+    else:
+        nibbles = blocks[..., 4:] if kind == T.Q4_1 else blocks[..., 2:]
+        q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)  # llama.cpp element order
+        packed, bits = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8), 4
+        bias = (blocks[..., 2:4].copy().view(np.float16)[..., 0] if kind == T.Q4_1
+                else scale * np.float16(-8))
+    words = np.ascontiguousarray(packed).reshape(*shape[:-1], -1).view(np.uint32)
+    parts = {"weight": mx.array(words), "scales": mx.array(scale.reshape(*shape[:-1], -1)),
+             "biases": mx.array(bias.reshape(*shape[:-1], -1))}
+    return parts, QuantType(kind.name.lower(), bits, QK, "affine")
+
+
+def _repack_q4_k(data: np.ndarray, shape: tuple[int, ...]
+                 ) -> tuple[dict[str, mx.array], QuantType]:
+    """Q4_K super-blocks (256 values: f16 d and dmin, 6-bit scale and min for each of 8
+    sub-blocks of 32, 4-bit values) as MLX affine 4-bit, group 32: scale d*sc, bias -dmin*m."""
+    rows = math.prod(shape[:-1])
+    blocks = data.reshape(rows, shape[-1] // 256, 144)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed_scales = blocks[..., 4:16]
+    low, high = packed_scales[..., 0:4], packed_scales[..., 4:8]
+    tail = packed_scales[..., 8:12]
+    sc = np.concatenate([low & 63, (tail & 0xF) | ((low >> 6) << 4)], axis=-1)
+    mins = np.concatenate([high & 63, (tail >> 4) | ((high >> 6) << 4)], axis=-1)
+    nibbles = blocks[..., 16:].reshape(rows, -1, 4, 1, 32)  # 4 chunks of 2 sub-blocks
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(rows, -1)
+    words = np.ascontiguousarray((q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8))
+    scales = (d[..., None] * sc).astype(np.float16).reshape(*shape[:-1], -1)
+    biases = (-(dmin[..., None] * mins)).astype(np.float16).reshape(*shape[:-1], -1)
+    parts = {"weight": mx.array(words.view(np.uint32).reshape(*shape[:-1], -1)),
+             "scales": mx.array(scales), "biases": mx.array(biases)}
+    return parts, QuantType("q4_k", 4, QK, "affine")
+
+
+def _requantize(data: np.ndarray, kind: T, shape: tuple[int, ...]
+                ) -> tuple[dict[str, mx.array], QuantType]:
+    """Other block types: dequantized (one tensor at a time) and quantized to MLX affine."""
+    dense = mx.array(gguf.quants.dequantize(data, kind).reshape(shape))
+    bits = _REQUANT_BITS[kind]
+    weight, scales, biases = mx.quantize(dense.astype(mx.float16), group_size=QK, bits=bits)
+    mx.eval(weight, scales, biases)
+    return ({"weight": weight, "scales": scales, "biases": biases},
+            QuantType(f"{kind.name.lower()}-as-int{bits}", bits, QK, "affine"))

@@ -1,0 +1,192 @@
+"""Qwen3-MoE (model_type "qwen3_moe"; Qwen3MoeForCausalLM): the Qwen3 decoder whose MLP is, on
+sparse layers, a softmax router choosing `num_experts_per_tok` of `num_experts` SwiGLU experts
+(their weights renormalised when `norm_topk_prob`). Checkpoints store each expert's projections
+separately; create stacks them into `mlp.experts.<proj>` `[experts, out, in]` tensors, GGUF files
+store them stacked as `ffn_*_exps`; either way they run through gather-based matmuls
+(runner/nn/switch_linear.py). Self-contained."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from runner.kv_cache import KVCache
+from runner.nn.attention import Attention
+from runner.nn.embedding import Embedding
+from runner.nn.linear import Linear
+from runner.nn.norm import RMSNorm
+from runner.nn.switch_linear import SwitchGLU
+
+ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+GGUF_ARCHITECTURES = ("qwen3moe",)
+
+
+@dataclass
+class ModelArgs:
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 2048
+    rope_theta: float = 1000000.0
+    rope_scaling: dict[str, Any] | None = None
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 1
+    moe_intermediate_size: int = 0
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] = field(default_factory=list)
+    norm_topk_prob: bool = True
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any]) -> ModelArgs:
+        """Build from config.json, ignoring the keys this architecture does not use."""
+        known = inspect.signature(cls).parameters
+        return cls(**{k: v for k, v in params.items() if k in known})
+
+    def is_sparse(self, layer: int) -> bool:
+        return (layer not in self.mlp_only_layers and self.num_experts > 0
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = Linear(dim, hidden)
+        self.up_proj = Linear(dim, hidden)
+        self.down_proj = Linear(hidden, dim)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.top_k = args.num_experts_per_tok
+        self.norm_topk_prob = args.norm_topk_prob
+        self.gate = Linear(args.hidden_size, args.num_experts)
+        self.experts = SwitchGLU(args.hidden_size, args.moe_intermediate_size, args.num_experts)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        gates = mx.softmax(self.gate(x), axis=-1, precise=True)
+        chosen = mx.argpartition(gates, kth=-self.top_k, axis=-1)[..., -self.top_k:]
+        scores = mx.take_along_axis(gates, chosen, axis=-1)
+        if self.norm_topk_prob:
+            scores = scores / mx.sum(scores, axis=-1, keepdims=True)
+        y = self.experts(x, chosen)
+        return (y * scores[..., None]).sum(axis=-2).astype(y.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, index: int) -> None:
+        super().__init__()
+        assert args.num_key_value_heads is not None and args.head_dim is not None
+        self.self_attn = Attention(args.hidden_size, args.num_attention_heads,
+                                   args.num_key_value_heads, args.head_dim, args.rope_theta,
+                                   args.rope_scaling, bias=args.attention_bias,
+                                   qk_norm_eps=args.rms_norm_eps)
+        self.mlp = SparseMoE(args) if args.is_sparse(index) else MLP(args.hidden_size,
+                                                                     args.intermediate_size)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen3MoeModel(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [DecoderLayer(args, i) for i in range(args.num_hidden_layers)]
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def __call__(self, inputs: mx.array, cache: list[KVCache] | None) -> mx.array:
+        h = self.embed_tokens(inputs)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cache[i] if cache is not None else None)
+        return self.norm(h)
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        self.model = Qwen3MoeModel(args)
+        if not args.tie_word_embeddings:
+            self.lm_head = Linear(args.hidden_size, args.vocab_size)
+
+    def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        h = self.model(inputs, cache)
+        if "lm_head" in self:
+            return self.lm_head(h)
+        return self.model.embed_tokens.as_linear(h)
+
+    @property
+    def layers(self) -> list[DecoderLayer]:
+        return self.model.layers
+
+
+def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Drop what HF checkpoints carry but inference never reads (rotary caches)."""
+    return {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
+
+
+def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of this architecture holds, with the shape `args` implies."""
+    assert args.num_key_value_heads is not None and args.head_dim is not None
+    hidden, vocab = args.hidden_size, args.vocab_size
+    q_dim = args.num_attention_heads * args.head_dim
+    kv_dim = args.num_key_value_heads * args.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden),
+                                          "model.norm.weight": (hidden,)}
+    if not args.tie_word_embeddings:
+        shapes["lm_head.weight"] = (vocab, hidden)
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}"
+        shapes.update({
+            f"{p}.input_layernorm.weight": (hidden,),
+            f"{p}.post_attention_layernorm.weight": (hidden,),
+            f"{p}.self_attn.q_proj.weight": (q_dim, hidden),
+            f"{p}.self_attn.k_proj.weight": (kv_dim, hidden),
+            f"{p}.self_attn.v_proj.weight": (kv_dim, hidden),
+            f"{p}.self_attn.o_proj.weight": (hidden, q_dim),
+            f"{p}.self_attn.q_norm.weight": (args.head_dim,),
+            f"{p}.self_attn.k_norm.weight": (args.head_dim,),
+        })
+        shapes.update(_mlp_shapes(args, i))
+    return shapes
+
+
+def _mlp_shapes(args: ModelArgs, layer: int) -> dict[str, tuple[int, ...]]:
+    p, hidden = f"model.layers.{layer}.mlp", args.hidden_size
+    if not args.is_sparse(layer):
+        inter = args.intermediate_size
+        return {f"{p}.gate_proj.weight": (inter, hidden), f"{p}.up_proj.weight": (inter, hidden),
+                f"{p}.down_proj.weight": (hidden, inter)}
+    inter = args.moe_intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {f"{p}.gate.weight": (args.num_experts, hidden)}
+    for e in range(args.num_experts):
+        shapes.update({f"{p}.experts.{e}.gate_proj.weight": (inter, hidden),
+                       f"{p}.experts.{e}.up_proj.weight": (inter, hidden),
+                       f"{p}.experts.{e}.down_proj.weight": (hidden, inter)})
+    return shapes

@@ -1,0 +1,197 @@
+"""GGUF models in the runner: fixture checkpoints exported to GGUF (F16, Q8_0, Q4_0, Q4_1) with
+the `gguf` package, created as ferry models (wrapped unchanged) and loaded beside the same
+checkpoint created from safetensors."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import gguf
+import mlx.core as mx
+import mlx_lm
+import mlx_models
+import numpy as np
+import pytest
+from arch_checkpoints import write_checkpoint
+from gguf_export import export_gguf
+from kquants import quantize_q4_k, quantize_q6_k
+
+from registry.names import Name
+from runner.generate import Generator
+from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
+from runner.load import LoadError, load_model
+from runner.sample import Options
+from runner.tokenizer import ModelTokenizer
+from workflows.create import CreateError, CreateOptions, GGUFFiles, create
+
+model_store, created_model = mlx_models.model_store, mlx_models.created_model  # fixtures
+
+PROMPT = [0, 2, 379, 480, 203, 76, 698, 346, 351, 73, 3, 2, 1000, 17]
+_made: dict[tuple, str] = {}
+
+
+@pytest.fixture(scope="module")
+def gguf_model(model_store, make_checkpoint, tmp_path_factory):
+    """`gguf_model(arch, qtype)` -> the name of a model created from the exported GGUF."""
+
+    def build(arch: str, qtype: str = "F16") -> str:
+        key = (arch, qtype)
+        if key not in _made:
+            out = tmp_path_factory.mktemp("gguf") / f"{arch}-{qtype}.gguf"
+            path = export_gguf(Path(make_checkpoint(arch)), out, qtype)
+            digest = model_store.write_blob_bytes(path.read_bytes())
+            name = f"test/gguf-{arch}-{qtype.lower()}"
+            create(Name.parse(name), GGUFFiles({path.name: digest}), CreateOptions(),
+                   model_store, lambda event: None, threading.Event())
+            _made[key] = name
+        return _made[key]
+
+    return build
+
+
+def _cosine_min(a: mx.array, b: mx.array) -> float:
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    cos = mx.sum(a * b, -1) / (mx.linalg.norm(a, axis=-1) * mx.linalg.norm(b, axis=-1))
+    return cos.min().item()
+
+
+def _greedy(loaded, count: int = 32) -> str:
+    tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
+    tokenizer.eos_ids.clear()  # random weights: compare all `count`, never stop early
+    generator = Generator(loaded.model, tokenizer, loaded.context_length)
+    pieces = list(generator.generate(PROMPT, Options(temperature=0, num_predict=count)))
+    assert pieces.pop().eval_count == count
+    return "".join(pieces)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_f16_gguf_logits_and_greedy_tokens_match_the_safetensors_checkpoint(
+        model_store, created_model, gguf_model, arch):
+    reference = load_model(model_store, created_model(arch), "float32")
+    loaded = load_model(model_store, gguf_model(arch, "F16"), "float32")
+    tokens = mx.array([PROMPT])
+    assert mx.abs(loaded.model(tokens) - reference.model(tokens)).max().item() <= 1e-2
+    assert _greedy(loaded) == _greedy(reference)
+
+
+@pytest.mark.parametrize("qtype,threshold", [("Q8_0", 0.99), ("Q4_0", 0.95), ("Q4_1", 0.95)])
+@pytest.mark.parametrize("compute", ["native", "float32"])
+def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_model, qtype,
+                                              threshold, compute):
+    reference = load_model(model_store, created_model("llama"), "float32")
+    loaded = load_model(model_store, gguf_model("llama", qtype), compute)
+    tokens = mx.array([PROMPT])
+    assert _cosine_min(loaded.model(tokens), reference.model(tokens)) >= threshold
+
+
+@pytest.mark.parametrize("arch,qtype,compute", [
+    ("qwen2", "F16", "float32"), ("gemma3", "F16", "float32"), ("qwen3_moe", "F16", "float32"),
+    ("qwen3_moe", "Q8_0", "native")])
+def test_gguf_of_other_architectures_matches_mlx_lm(model_store, make_checkpoint, tmp_path,
+                                                    arch, qtype, compute):
+    checkpoint = write_checkpoint(tmp_path / arch, arch, Path(make_checkpoint("llama")))
+    path = export_gguf(checkpoint, tmp_path / f"{arch}.gguf", qtype)
+    name = _create_raw(model_store, path.read_bytes(), f"test/gguf-{arch}-{qtype}")
+    loaded = load_model(model_store, name, compute)
+    reference, _ = mlx_lm.load(str(checkpoint))
+    reference.set_dtype(mx.float32)
+    tokens = mx.array([PROMPT])
+    ours, theirs = loaded.model(tokens), reference(tokens)
+    if qtype == "F16":
+        assert mx.abs(ours - theirs).max().item() <= 1e-2
+    else:
+        assert _cosine_min(ours, theirs) >= 0.99
+
+
+def test_q4_0_stays_quantized_at_group_size_32(model_store, gguf_model):
+    loaded = load_model(model_store, gguf_model("qwen3", "Q4_0"), "native")
+    layer = loaded.model.layers[0].self_attn.q_proj
+    assert layer.bits == 4 and layer.group_size == 32 and layer.weight.dtype == mx.uint32
+    assert loaded.model.model.embed_tokens.bits == 4  # tied output reads the quantized table
+
+
+def _create_raw(store, raw: bytes, name: str) -> str:
+    digest = store.write_blob_bytes(raw)
+    create(Name.parse(name), GGUFFiles({"m.gguf": digest}), CreateOptions(), store,
+           lambda event: None, threading.Event())
+    return name
+
+
+def test_gguf_with_unknown_architecture_is_a_clear_load_error(model_store, make_checkpoint,
+                                                              tmp_path):
+    raw = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf").read_bytes()
+    length = len(b"llama").to_bytes(8, "little")
+    raw = raw.replace(b"llama.", b"llamo.").replace(length + b"llama", length + b"llamo")
+    name = _create_raw(model_store, raw, "test/llamo")
+    with pytest.raises(LoadError, match="architecture 'llamo' is not supported"):
+        load_model(model_store, name, "native")
+
+
+def test_truncated_gguf_is_refused_at_create(model_store, make_checkpoint, tmp_path):
+    raw = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf", "Q8_0").read_bytes()
+    with pytest.raises(CreateError, match=r"truncated GGUF: tensor \S+ runs past the end"):
+        _create_raw(model_store, raw[:-5000], "test/truncated")
+
+
+def test_truncated_tensor_data_is_a_clear_load_error(make_checkpoint, tmp_path):
+    """What the loader checks itself, for a file that got past create some other way."""
+    path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf", "Q8_0")
+    tensor = open_gguf(path).tensors["blk.0.attn_q.weight"]
+    short = SimpleNamespace(name=tensor.name, tensor_type=tensor.tensor_type,
+                            data=tensor.data[:-1])
+    with pytest.raises(GGUFLoadError, match=r"blk\.0\.attn_q\.weight is truncated"):
+        convert_tensor(short, (128, 128), "native")
+
+
+def test_gguf_tensor_disagreeing_with_its_metadata_is_named(model_store, make_checkpoint,
+                                                           tmp_path):
+    path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf",
+                       metadata={"intermediate_size": 256})
+    name = _create_raw(model_store, path.read_bytes(), "test/badshape")
+    with pytest.raises(LoadError, match=r"GGUF tensor blk\.\d+\.ffn_\w+\.weight has shape "
+                                        r"\[\d+, \d+\] but the metadata implies"):
+        load_model(model_store, name, "native")
+
+
+@pytest.mark.parametrize("kind,quantizer,bits", [("Q4_K", quantize_q4_k, 4),
+                                                 ("Q6_K", quantize_q6_k, 8)])
+def test_k_quant_tensor_becomes_mlx_affine_no_coarser_than_its_source(kind, quantizer, bits):
+    x = np.random.default_rng(1).standard_normal((64, 512)).astype(np.float32) * 0.02
+    raw = quantizer(x)
+    source = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind))
+    tensor = SimpleNamespace(name="blk.0.attn_q.weight", data=raw,
+                             tensor_type=getattr(gguf.GGMLQuantizationType, kind))
+    parts, qtype = convert_tensor(tensor, (64, 512), "native")
+    assert qtype is not None and qtype.bits == bits and qtype.group_size == 32
+    ours = np.array(mx.dequantize(parts["weight"], parts["scales"], parts["biases"],
+                                  group_size=32, bits=bits).astype(mx.float32))
+    # the conversion moves no value by more than the source's own rounding did
+    assert np.abs(ours - source).max() <= np.abs(source - x).max()
+    if kind == "Q4_K":  # affine per 32 already: repacked exactly (scales rounded to f16)
+        assert np.abs(ours - source).max() <= 1e-4
+
+
+def test_q4_k_m_gguf_logits_close_to_float(model_store, make_checkpoint, tmp_path):
+    checkpoint = write_checkpoint(tmp_path / "wide", "llama", Path(make_checkpoint("llama")),
+                                  hidden_size=256, intermediate_size=512, head_dim=64,
+                                  num_hidden_layers=2)
+    path = export_gguf(checkpoint, tmp_path / "q4km.gguf", "Q4_K")
+    name = _create_raw(model_store, path.read_bytes(), "test/gguf-q4km")
+    loaded = load_model(model_store, name, "native")
+    assert loaded.model.layers[0].self_attn.q_proj.bits == 4
+    assert loaded.model.layers[0].mlp.down_proj.bits == 8  # Q6_K: requantized at 8 bits
+    reference, _ = mlx_lm.load(str(checkpoint))
+    reference.set_dtype(mx.float32)
+    tokens = mx.array([PROMPT])
+    assert _cosine_min(loaded.model(tokens), reference(tokens)) >= 0.95
+
+
+def test_unsupported_quant_type_is_refused_naming_tensor_and_type():
+    kind = gguf.GGMLQuantizationType.IQ2_XXS
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    tensor = SimpleNamespace(name="blk.3.ffn_up.weight", tensor_type=kind,
+                             data=np.zeros((4, 256 // block * size), np.uint8))
+    with pytest.raises(GGUFLoadError, match=r"blk\.3\.ffn_up\.weight has type IQ2_XXS"):
+        convert_tensor(tensor, (4, 256), "native")
