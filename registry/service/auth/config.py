@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,14 +94,16 @@ class _Locator:
     def __init__(self, path: Path, text: str) -> None:
         self.path, self.lines = path, text.splitlines()
 
-    def line_of(self, *needles: str) -> int:
-        for number, line in enumerate(self.lines, 1):
+    def line_of(self, needles: tuple[str, ...], after: str = "") -> int:
+        """The first line holding every needle, at or below the first line holding `after`."""
+        start = self.line_of((after,)) if after else 1
+        for number, line in enumerate(self.lines[max(start, 1) - 1:], max(start, 1)):
             if all(n in line for n in needles):
                 return number
         return 0
 
-    def error(self, reason: str, *needles: str) -> AuthConfigError:
-        return AuthConfigError(self.path, self.line_of(*needles) if needles else 0, reason)
+    def error(self, reason: str, *needles: str, after: str = "") -> AuthConfigError:
+        return AuthConfigError(self.path, self.line_of(needles, after) if needles else 0, reason)
 
 
 def load_auth_config(path: Path) -> AuthConfig:
@@ -112,7 +115,8 @@ def load_auth_config(path: Path) -> AuthConfig:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        line = getattr(exc, "lineno", 0) or 0
+        at = re.search(r"\(at line (\d+), column \d+\)", str(exc))
+        line = getattr(exc, "lineno", 0) or (int(at.group(1)) if at else 0)
         raise AuthConfigError(path, line, f"not valid TOML: {exc}") from None
     where = _Locator(path, text)
     unknown = set(data) - {"token", "users", "groups", "access"}
@@ -131,9 +135,10 @@ def _table(data: dict[str, Any], name: str, where: _Locator) -> dict[str, Any]:
     return value
 
 
-def _string_list(value: object, what: str, where: _Locator, *needles: str) -> list[str]:
+def _string_list(value: object, what: str, where: _Locator, *needles: str,
+                 after: str = "") -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise where.error(f"{what} must be a list of strings", *needles)
+        raise where.error(f"{what} must be a list of strings", *needles, after=after)
     return value
 
 
@@ -151,17 +156,16 @@ def _users(table: dict[str, Any], groups: dict[str, Any], where: _Locator) -> di
         unknown = set(entry) - {"password", "keys", "groups"}
         if unknown:
             raise where.error(f"user {name!r}: unknown field {sorted(unknown)[0]!r}",
-                              sorted(unknown)[0])
+                              sorted(unknown)[0], after=name)
         password = entry.get("password")
         if password is not None:
             try:
                 parse_hash(password if isinstance(password, str) else "")
             except InvalidHash as exc:
-                raise where.error(f"user {name!r}: {exc}", "password", str(password)[:12]) \
-                    from None
-        keys = tuple(_ssh_key(k, name, where)
-                     for k in _string_list(entry.get("keys", []), "keys", where, "keys"))
-        own = set(_string_list(entry.get("groups", []), "groups", where, "groups"))
+                raise where.error(f"user {name!r}: {exc}", "password", after=name) from None
+        keys = tuple(_ssh_key(k, name, where) for k in
+                     _string_list(entry.get("keys", []), "keys", where, "keys", after=name))
+        own = set(_string_list(entry.get("groups", []), "groups", where, "groups", after=name))
         users[name] = User(name, password, keys, frozenset(own | members.get(name, set())))
     return users
 
@@ -193,12 +197,12 @@ def _rules(table: dict[str, Any], users: dict[str, User], where: _Locator
         for name, actions in grants.items():
             if name not in known:
                 raise where.error(f"access rule {glob!r}: {name!r} is no user, group or "
-                                  f"'anonymous'", name)
-            listed = _string_list(actions, f"actions of {name!r}", where, name)
+                                  f"'anonymous'", name, after=glob)
+            listed = _string_list(actions, f"actions of {name!r}", where, name, after=glob)
             bad = set(listed) - set(ACTIONS)
             if bad:
                 raise where.error(f"access rule {glob!r}: unknown action {sorted(bad)[0]!r} "
-                                  f"(pull, push, delete)", name)
+                                  f"(pull, push, delete)", name, after=glob)
             parsed[name] = frozenset(listed)
         rules.append((glob, parsed))
     return rules
