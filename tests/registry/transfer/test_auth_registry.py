@@ -64,3 +64,41 @@ async def test_login_verifies_against_the_token_endpoint_and_saves_only_on_succe
         await push(f"{host}/team/app:v1", source, fast_options(home, insecure=True),
                    lambda e: None)
     assert not (home / "id_ed25519").exists()  # the saved password answered every challenge
+
+
+def test_ferry_login_and_logout_cli_against_an_authenticated_and_an_open_registry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    from conftest import serve_app
+
+    from ferry.cli import main
+    from registry.service.app import build_registry_app
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FERRY_HOME", str(home))
+    creds = home / "credentials.json"
+
+    def login_cli(host: str, password: str) -> int:
+        monkeypatch.setattr("sys.stdin", io.StringIO(password + "\n"))
+        return main(["login", "--insecure", "-u", "alice", "--password-stdin", host])
+
+    with serve_auth_registry(tmp_path, write_auth_file(tmp_path)) as url:
+        host = url.removeprefix("http://")
+        assert login_cli(host, "wrong") == 1
+        out = capsys.readouterr()
+        assert "Login Succeeded" not in out.out and "refused the credentials" in out.err
+        assert not creds.exists()
+        assert login_cli(host, "alice-pw") == 0
+        assert "Login Succeeded" in capsys.readouterr().out
+        assert host in creds.read_text()
+    assert main(["logout", host]) == 0
+    assert "Removing login credentials" in capsys.readouterr().out
+    assert host not in creds.read_text()
+    assert main(["logout", host]) == 0
+    assert "Not logged in" in capsys.readouterr().out
+    with serve_app(build_registry_app(tmp_path / "open")) as url:
+        assert login_cli(url.removeprefix("http://"), "anything") == 1
+        assert "cannot check them; nothing was saved" in capsys.readouterr().err
+    assert "alice" not in creds.read_text()
