@@ -3,7 +3,8 @@
 `Gate` lives on `app.state.auth`; an open registry has none, and every check passes. A request
 without a token that covers the route gets 401 with the Bearer challenge that sends the client to
 `/token` for the scope it needs (keeping the actions its token already holds on that repository,
-so a client alternating HEAD and PUT does not trade one grant for the other).
+so a client alternating HEAD and PUT does not trade one grant for the other; reads ask for push
+as well, for clients that fetch one token per repository and never refresh it).
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ def authorize(request: Request, repo: str, action: str) -> None:
     if claims is not None and covers(claims.access, repo, action):
         return
     held = granted_actions(claims.access, repo) if claims else set()
-    wanted = {action, "pull"} if action == "push" else {action}
+    # Reads and writes ask for both: clients that keep their first token for a repository
+    # (oras-py) then push after a HEAD without a second token; /token grants only what the
+    # rules allow, so a reader still gets pull alone.
+    wanted = {action} | ({"pull", "push"} if action in ("pull", "push") else set())
     raise gate.challenge(request, Scope("repository", repo, frozenset(held | wanted)),
                          presented="authorization" in request.headers)
 

@@ -41,7 +41,8 @@ async def test_v2_challenges_then_a_token_from_basic_credentials_pushes_and_pull
     assert challenge == f'Bearer realm="{url}/token",service="ferry-registry"'
     r = httpx.get(f"{url}/v2/team/app/manifests/v1")
     assert r.status_code == 401 and r.json()["errors"][0]["code"] == "UNAUTHORIZED"
-    assert 'scope="repository:team/app:pull"' in r.headers["WWW-Authenticate"]
+    # reads ask for push too (one token per repository); /token grants what the rules allow
+    assert 'scope="repository:team/app:pull,push"' in r.headers["WWW-Authenticate"]
 
     token = get_token(url, basic("alice", "alice-pw"), "repository:team/app:pull,push")
     claims = jwt.decode(token, options={"verify_signature": False})
