@@ -58,6 +58,10 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--max-blob-bytes", type=int, help="largest blob an upload may store "
                        "(FERRY_REGISTRY_MAX_BLOB_BYTES; default 64 GiB with --auth, else no "
                        "limit)")
+    serve.add_argument("--max-manifest-bytes", type=int, help="largest manifest accepted "
+                       "(FERRY_REGISTRY_MAX_MANIFEST_BYTES; default 4 MiB)")
+    serve.add_argument("--upload-ttl", type=float, metavar="SECONDS", help="drop upload "
+                       "sessions untouched this long (FERRY_REGISTRY_UPLOAD_TTL; default 24h)")
     serve.add_argument("--rate-limit", type=float, help="requests per second per client "
                        "(FERRY_REGISTRY_RATE_LIMIT; default 100 with --auth, else off; 0 = off)")
     serve.add_argument("--rate-burst", type=int, help="requests a client may make at once "
@@ -126,6 +130,7 @@ _SERVE_FLAGS = {  # flag -> the Settings field it overrides
     "tls_key": "tls_key", "max_blob_bytes": "registry_max_blob_bytes",
     "rate_limit": "registry_rate_limit", "rate_burst": "registry_rate_burst",
     "max_uploads": "registry_max_uploads", "audit_log": "registry_audit_log",
+    "max_manifest_bytes": "max_manifest_bytes", "upload_ttl": "upload_session_ttl",
 }
 
 
