@@ -206,3 +206,37 @@ def test_wrong_credentials_and_malformed_requests_are_4xx_and_never_logged(
     assert r.status_code == 401
     log = (tmp_path / "audit.log").read_text()
     assert secret not in log and "alice-pw" not in log and "Basic" not in log
+
+
+def test_a_rotation_accepts_tokens_of_the_old_key_only_while_it_is_listed(
+        tmp_path: Path, auth_file: Path) -> None:
+    from registry.service.auth.config import load_auth_config
+    from registry.service.auth.gate import Gate
+    from registry.service.auth.scopes import Scope
+    from registry.service.auth.userfile import write_signing_key
+
+    old = Gate(load_auth_config(auth_file)).tokens.issue(
+        "alice", [Scope("repository", "team/a", frozenset({"pull"}))]).token
+    write_signing_key(auth_file.parent / "token-key-2.pem")
+    text = auth_file.read_text().replace('signing_key = "token-key.pem"',
+                                         'signing_key = "token-key-2.pem"')
+    auth_file.write_text(text.replace("[token]\n", '[token]\nverify_keys = ["token-key.pem"]\n'))
+    rotating = Gate(load_auth_config(auth_file)).tokens
+    new = rotating.issue("alice", []).token
+    assert rotating.verify(old) is not None and rotating.verify(new) is not None
+    auth_file.write_text(text)  # the old key retired
+    retired = Gate(load_auth_config(auth_file)).tokens
+    assert retired.verify(old) is None and retired.verify(new) is not None
+
+
+def test_an_authenticated_registry_gets_a_finite_blob_limit_by_default(tmp_path: Path,
+                                                                       auth_file: Path) -> None:
+    from ferry.app import DEFAULT_AUTH_MAX_BLOB_BYTES, build_registry_app
+    from ferry.config import Settings
+
+    base = Settings.from_env({"FERRY_HOME": str(tmp_path / "home")})
+    open_app = build_registry_app(base)
+    authed = build_registry_app(base.with_(registry_auth=str(auth_file)))
+    assert open_app.state.registry.uploads.max_blob_bytes == 0
+    assert authed.state.registry.uploads.max_blob_bytes == DEFAULT_AUTH_MAX_BLOB_BYTES == 64 << 30
+    assert authed.state.auth is not None and open_app.state.auth is None
