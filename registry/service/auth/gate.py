@@ -26,6 +26,7 @@ from registry.service.auth.signatures import SignatureChecker
 from registry.service.auth.tokens import Claims, Tokens
 from registry.service.errors import RegistryError
 
+_CLAIMS = "auth_claims"  # the request state's key for the verified claims
 MAX_AUTHORIZATION = 8192  # bytes of Authorization header read; longer is refused unread
 _HOST = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
 
@@ -48,10 +49,16 @@ class Gate:
         return f"{conn.url.scheme}://{host}/token"
 
     def claims(self, conn: HTTPConnection) -> Claims | None:
+        """The request's verified token claims, worked out once per request."""
+        state = conn.scope.setdefault("state", {})
+        if _CLAIMS in state:
+            return state[_CLAIMS]  # type: ignore[no-any-return]
         header = conn.headers.get("authorization", "")
-        if len(header) > MAX_AUTHORIZATION or header[:7].lower() != "bearer ":
-            return None
-        return self.tokens.verify(header[7:].strip())
+        claims = None
+        if len(header) <= MAX_AUTHORIZATION and header[:7].lower() == "bearer ":
+            claims = self.tokens.verify(header[7:].strip())
+        state[_CLAIMS] = claims
+        return claims
 
     def challenge(self, conn: HTTPConnection, scope: Scope | None, presented: bool
                   ) -> RegistryError:

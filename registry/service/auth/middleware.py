@@ -66,7 +66,7 @@ class AccessMiddleware:
                 return RegistryError("TOOMANYREQUESTS", "request rate limit exceeded",
                                      headers={"Retry-After": retry_after(wait)})
         if (self.uploads is not None and conn.scope["method"] == "POST"
-                and _UPLOAD_START.match(conn.url.path) and self.uploads.full(client)):
+                and _UPLOAD_START.match(conn.scope["path"]) and self.uploads.full(client)):
             return RegistryError("TOOMANYREQUESTS", f"at most {self.uploads.limit} open "
                                  "upload sessions per client; finish or cancel one",
                                  headers={"Retry-After": "5"})
@@ -75,7 +75,7 @@ class AccessMiddleware:
     def _track_upload(self, conn: HTTPConnection, client: str, message: Message) -> None:
         if self.uploads is None:
             return
-        method, path, code = conn.scope["method"], conn.url.path, message["status"]
+        method, path, code = conn.scope["method"], conn.scope["path"], message["status"]
         if method == "POST" and code == 202:
             for name, value in message.get("headers", []):
                 if name.lower() == b"docker-upload-uuid":
@@ -90,10 +90,17 @@ class AccessMiddleware:
         if self.audit is None or (method in _READS and status not in _DENIALS):
             return
         state: dict[str, Any] = conn.scope.get("state", {})
-        reference = _REFERENCE.match(conn.url.path)
+        path: str = conn.scope["path"]
+        reference = _REFERENCE.match(path)
         self.audit.write(
             subject=state.get("audit_subject", subject) or "anonymous", address=address,
-            method=method, action=state.get("audit_action"), path=conn.url.path[:300],
+            method=method, action=state.get("audit_action"), path=path[:300],
             repository=state.get("audit_repository"),
             reference=reference.group(1)[:200] if reference else None,
-            digest=(conn.query_params.get("digest") or "")[:100] or None, status=status)
+            digest=_digest_param(conn), status=status)
+
+
+def _digest_param(conn: HTTPConnection) -> str | None:
+    if b"digest=" not in conn.scope.get("query_string", b""):
+        return None  # most requests: skip parsing the query
+    return (conn.query_params.get("digest") or "")[:100] or None

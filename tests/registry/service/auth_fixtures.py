@@ -56,3 +56,14 @@ def get_token(url: str, authorization: str | None, *scopes: str) -> str:
     body = r.json()
     assert body["token"] == body["access_token"] and body["expires_in"] == 300
     return body["token"]
+
+
+def read_audit(path: Path) -> list[dict]:
+    """The audit log's records, once the server's delayed flush has written them."""
+    import json
+    import time
+
+    from registry.service.auth.audit import FLUSH_DELAY
+
+    time.sleep(FLUSH_DELAY * 3)
+    return [json.loads(line) for line in path.read_text().splitlines()]
