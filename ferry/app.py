@@ -13,6 +13,7 @@ from starlette.applications import Starlette
 from ferry import __version__
 from ferry.config import Settings
 from registry.errors import FerryError
+from registry.service.auth.limits import LimitSettings
 from registry.service.storage.base import BlobStore
 from registry.store import Store
 from server import chat_api, create_api, models_api, openai_api, transfer_api
@@ -67,24 +68,26 @@ def build_registry_app(settings: Settings) -> Starlette:
     from registry.service.app import build_registry_app as build
     from registry.service.auth.audit import AuditLog
     from registry.service.auth.config import load_auth_config
-    from registry.service.auth.limits import LimitSettings
 
     auth = load_auth_config(Path(settings.registry_auth)) if settings.registry_auth else None
     on = auth is not None
-    limits = LimitSettings(
-        rate=settings.registry_rate_limit if settings.registry_rate_limit >= 0
-        else (DEFAULT_RATE_LIMIT if on else 0.0),
-        burst=settings.registry_rate_burst,
-        max_uploads=settings.registry_max_uploads if settings.registry_max_uploads >= 0
-        else (DEFAULT_MAX_UPLOADS if on else 0),
-        upload_ttl=settings.upload_session_ttl)
     audit_target = settings.registry_audit_log or ("-" if on else "")
     max_blob = settings.registry_max_blob_bytes or (DEFAULT_AUTH_MAX_BLOB_BYTES if on else 0)
     return build(settings.registry_root, store=registry_store(settings),
                  max_manifest_bytes=settings.max_manifest_bytes,
                  upload_session_ttl=settings.upload_session_ttl,
-                 max_blob_bytes=max_blob, auth=auth, limits=limits,
+                 max_blob_bytes=max_blob, auth=auth, limits=_registry_limits(settings, on),
                  audit=AuditLog(audit_target) if audit_target else None)
+
+
+def _registry_limits(settings: Settings, authenticated: bool) -> LimitSettings:
+    """The configured limits; unset ones default on for an authenticated registry only."""
+    rate, uploads = settings.registry_rate_limit, settings.registry_max_uploads
+    return LimitSettings(
+        rate=rate if rate >= 0 else (DEFAULT_RATE_LIMIT if authenticated else 0.0),
+        burst=settings.registry_rate_burst,
+        max_uploads=uploads if uploads >= 0 else (DEFAULT_MAX_UPLOADS if authenticated else 0),
+        upload_ttl=settings.upload_session_ttl)
 
 
 def registry_store(settings: Settings) -> BlobStore:
