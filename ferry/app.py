@@ -6,12 +6,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from starlette.applications import Starlette
 
 from ferry import __version__
 from ferry.config import Settings
 from registry.errors import FerryError
+from registry.service.auth.limits import LimitSettings
 from registry.service.storage.base import BlobStore
 from registry.store import Store
 from registry.transfer.client import TransferOptions
@@ -20,6 +22,10 @@ from server.api_errors import handle_ferry_error
 from server.scheduler import Scheduler
 
 log = logging.getLogger("ferry.server")
+# An authenticated (exposed) registry's defaults; an open one on loopback has no limits.
+DEFAULT_RATE_LIMIT = 100.0  # requests per second per client, bursts of ten seconds' worth
+DEFAULT_MAX_UPLOADS = 32  # open upload sessions per client
+DEFAULT_AUTH_MAX_BLOB_BYTES = 64 * 1024**3
 
 
 def build_model_server(settings: Settings, scheduler: Scheduler | None = None,
@@ -67,11 +73,28 @@ def build_model_server(settings: Settings, scheduler: Scheduler | None = None,
 def build_registry_app(settings: Settings) -> Starlette:
     """The registry service: the OCI distribution API over `settings.registry_root`."""
     from registry.service.app import build_registry_app as build
+    from registry.service.auth.audit import AuditLog
+    from registry.service.auth.config import load_auth_config
 
+    auth = load_auth_config(Path(settings.registry_auth)) if settings.registry_auth else None
+    on = auth is not None
+    audit_target = settings.registry_audit_log or ("-" if on else "")
+    max_blob = settings.registry_max_blob_bytes or (DEFAULT_AUTH_MAX_BLOB_BYTES if on else 0)
     return build(settings.registry_root, store=registry_store(settings),
                  max_manifest_bytes=settings.max_manifest_bytes,
                  upload_session_ttl=settings.upload_session_ttl,
-                 max_blob_bytes=settings.registry_max_blob_bytes)
+                 max_blob_bytes=max_blob, auth=auth, limits=_registry_limits(settings, on),
+                 audit=AuditLog(audit_target) if audit_target else None)
+
+
+def _registry_limits(settings: Settings, authenticated: bool) -> LimitSettings:
+    """The configured limits; unset ones default on for an authenticated registry only."""
+    rate, uploads = settings.registry_rate_limit, settings.registry_max_uploads
+    return LimitSettings(
+        rate=rate if rate >= 0 else (DEFAULT_RATE_LIMIT if authenticated else 0.0),
+        burst=settings.registry_rate_burst,
+        max_uploads=uploads if uploads >= 0 else (DEFAULT_MAX_UPLOADS if authenticated else 0),
+        upload_ttl=settings.upload_session_ttl)
 
 
 def registry_store(settings: Settings) -> BlobStore:

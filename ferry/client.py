@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from ferry.config import Settings
+from registry.transfer.session import build_ssl_context
 
 
 class CLIError(Exception):
@@ -19,7 +20,8 @@ class ServerClient:
     def __init__(self, settings: Settings, timeout: float | None = 30.0) -> None:
         self.settings = settings
         self.base_url = settings.base_url
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        verify = build_ssl_context(settings.ssl_cert_file) if settings.ssl_cert_file else True
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, verify=verify)
 
     def close(self) -> None:
         self._http.close()
@@ -31,6 +33,9 @@ class ServerClient:
         self.close()
 
     def _unreachable(self, exc: Exception) -> CLIError:
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            return CLIError(f"the ferry server at {self.base_url} has a certificate this client "
+                            "does not trust; point SSL_CERT_FILE at its CA bundle")
         return CLIError(
             f"could not connect to the ferry server at {self.base_url} ({exc.__class__.__name__});"
             " start it with `ferry serve`"

@@ -71,6 +71,20 @@ def _duration(env: Mapping[str, str], key: str, default: float) -> float:
         raise ConfigError(f"{key} must be a duration like 30s or 1h30m, got {raw!r}") from exc
 
 
+def _rate(env: Mapping[str, str], key: str) -> float:
+    """Requests per second; unset is -1 (the default applies), 0 turns the limit off."""
+    raw = env.get(key, "").strip()
+    if not raw:
+        return -1.0
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key} must be a number of requests per second, got {raw!r}") from exc
+    if value < 0:
+        raise ConfigError(f"{key} must be 0 (off) or more, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything ferry reads from the environment, read once."""
@@ -108,6 +122,15 @@ class Settings:
     aws_endpoint_url: str | None = None
     # transfers: a private CA bundle for registries (SSL_CERT_FILE), as OpenSSL reads it
     ssl_cert_file: str = ""
+    # registry access control (issue 12): the auth file, limits, audit log, and TLS for both
+    registry_auth: str = ""  # TOML file of users, groups, rules and token keys; "" = open
+    registry_allow_anonymous_writes: bool = False  # an open registry on a non-loopback address
+    registry_rate_limit: float = -1.0  # requests/s per client; -1: 100 with auth, else off
+    registry_rate_burst: int = 0  # 0: ten seconds' worth of the rate
+    registry_max_uploads: int = -1  # open upload sessions per client; -1: 32 with auth, else off
+    registry_audit_log: str = ""  # a file, or "-" for stderr; "": stderr with auth, else none
+    tls_cert: str = ""  # PEM certificate chain: both servers speak https when set
+    tls_key: str = ""
 
     @property
     def base_url(self) -> str:
@@ -156,6 +179,14 @@ class Settings:
             github_token=env.get("GITHUB_TOKEN") or None,
             aws_endpoint_url=env.get("AWS_ENDPOINT_URL") or None,
             ssl_cert_file=env.get("SSL_CERT_FILE", ""),
+            registry_auth=env.get("FERRY_REGISTRY_AUTH", "").strip(),
+            registry_allow_anonymous_writes=_flag(env, "FERRY_REGISTRY_ALLOW_ANONYMOUS_WRITES"),
+            registry_rate_limit=_rate(env, "FERRY_REGISTRY_RATE_LIMIT"),
+            registry_rate_burst=_int(env, "FERRY_REGISTRY_RATE_BURST", 0),
+            registry_max_uploads=_int(env, "FERRY_REGISTRY_MAX_UPLOADS", -1, minimum=-1),
+            registry_audit_log=env.get("FERRY_REGISTRY_AUDIT_LOG", "").strip(),
+            tls_cert=env.get("FERRY_TLS_CERT", "").strip(),
+            tls_key=env.get("FERRY_TLS_KEY", "").strip(),
         )
 
     def with_(self, **changes: object) -> Settings:

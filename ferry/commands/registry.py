@@ -1,11 +1,16 @@
-"""`ferry registry serve|gc`: run the registry service, or collect its garbage."""
+"""`ferry registry serve|gc|user`: run the registry service, collect its garbage, add users."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
+import ipaddress
+import sys
 from pathlib import Path
 
+from ferry.client import CLIError
+from ferry.commands.serve import tls_options
 from ferry.config import Settings
 
 
@@ -20,7 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, help="port to listen on")
     serve.add_argument("--root", type=Path, help="storage directory (default "
                        "$FERRY_HOME/registry, FERRY_REGISTRY_ROOT)")
+    _serve_options(serve)
     serve.set_defaults(func=run_serve)
+    _user_commands(commands)
 
     gc = commands.add_parser("gc", help="delete blobs no manifest references")
     gc.add_argument("--root", type=Path, help="storage directory")
@@ -31,9 +38,100 @@ def register(sub: argparse._SubParsersAction) -> None:
     gc.set_defaults(func=run_gc)
 
 
+def _serve_options(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("--s3-bucket", help="store in this S3 bucket instead of --root "
+                       "(FERRY_REGISTRY_S3_BUCKET; credentials, region and AWS_ENDPOINT_URL "
+                       "as the AWS CLI reads them)")
+    serve.add_argument("--s3-prefix", help="key prefix inside the bucket "
+                       "(FERRY_REGISTRY_S3_PREFIX)")
+    serve.add_argument("--s3-redirect-ttl", type=int, help="answer blob GETs with presigned S3 "
+                       "URLs valid this many seconds (FERRY_REGISTRY_S3_REDIRECT_TTL; 0 = off)")
+    serve.add_argument("--auth", metavar="FILE", help="TOML file of users, groups, access "
+                       "rules and the token key (FERRY_REGISTRY_AUTH); without it the registry "
+                       "is open and listens on loopback only")
+    serve.add_argument("--allow-anonymous-writes", action="store_true", default=None,
+                       help="serve an open registry (no --auth) on a non-loopback address "
+                       "(FERRY_REGISTRY_ALLOW_ANONYMOUS_WRITES)")
+    serve.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve https "
+                       "(FERRY_TLS_CERT)")
+    serve.add_argument("--tls-key", metavar="PEM", help="its private key (FERRY_TLS_KEY)")
+    serve.add_argument("--max-blob-bytes", type=int, help="largest blob an upload may store "
+                       "(FERRY_REGISTRY_MAX_BLOB_BYTES; default 64 GiB with --auth, else no "
+                       "limit)")
+    serve.add_argument("--max-manifest-bytes", type=int, help="largest manifest accepted "
+                       "(FERRY_REGISTRY_MAX_MANIFEST_BYTES; default 4 MiB)")
+    serve.add_argument("--upload-ttl", type=float, metavar="SECONDS", help="drop upload "
+                       "sessions untouched this long (FERRY_REGISTRY_UPLOAD_TTL; default 24h)")
+    serve.add_argument("--rate-limit", type=float, help="requests per second per client "
+                       "(FERRY_REGISTRY_RATE_LIMIT; default 100 with --auth, else off; 0 = off)")
+    serve.add_argument("--rate-burst", type=int, help="requests a client may make at once "
+                       "(FERRY_REGISTRY_RATE_BURST; default ten seconds' worth)")
+    serve.add_argument("--max-uploads", type=int, help="open upload sessions per client "
+                       "(FERRY_REGISTRY_MAX_UPLOADS; default 32 with --auth, else off)")
+    serve.add_argument("--audit-log", metavar="FILE", help="append a JSON line per write or "
+                       "denial here, '-' for stderr (FERRY_REGISTRY_AUDIT_LOG; default stderr "
+                       "with --auth)")
+
+
+def _user_commands(commands: argparse._SubParsersAction) -> None:
+    user = commands.add_parser("user", help="manage the accounts of an --auth file")
+    users = user.add_subparsers(dest="user_command", metavar="COMMAND")
+    user.set_defaults(func=lambda args, settings: _usage(user))
+    add = users.add_parser("add", help="add a user (password asked on a TTY, else read from "
+                           "stdin); creates the file and its token key when missing")
+    add.add_argument("name", metavar="NAME")
+    add.add_argument("--auth", metavar="FILE", help="the auth file (FERRY_REGISTRY_AUTH)")
+    add.add_argument("--key", action="append", default=[], metavar="PUBKEY",
+                     help="an `ssh-ed25519 AAAA…` public key (Ollama's, or ferry's "
+                     "~/.ferry/id_ed25519.pub) the user signs token requests with; repeatable")
+    add.add_argument("--group", action="append", default=[], metavar="G",
+                     help="a group the user belongs to; repeatable")
+    add.add_argument("--no-password", action="store_true",
+                     help="key-only user: ask for no password")
+    add.set_defaults(func=run_user_add)
+
+
+def run_user_add(args: argparse.Namespace, settings: Settings) -> int:
+    from registry.service.auth.userfile import add_user
+
+    target = args.auth or settings.registry_auth
+    if not target:
+        raise CLIError("which auth file? pass --auth FILE or set FERRY_REGISTRY_AUTH")
+    password = None if args.no_password else _read_password()
+    try:
+        add_user(Path(target).expanduser(), args.name, password, args.key, args.group)
+    except (ValueError, OSError) as exc:
+        raise CLIError(str(exc)) from exc
+    print(f"added user {args.name} to {target}")
+    return 0
+
+
+def _read_password() -> str:
+    if sys.stdin.isatty():
+        password = getpass.getpass("Password: ")
+        if password != getpass.getpass("Again: "):
+            raise CLIError("the passwords differ")
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    if not password:
+        raise CLIError("an empty password; pass --no-password for a key-only user")
+    return password
+
+
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 0
+
+
+_SERVE_FLAGS = {  # flag -> the Settings field it overrides
+    "s3_bucket": "registry_s3_bucket", "s3_prefix": "registry_s3_prefix",
+    "s3_redirect_ttl": "registry_s3_redirect_ttl", "auth": "registry_auth",
+    "allow_anonymous_writes": "registry_allow_anonymous_writes", "tls_cert": "tls_cert",
+    "tls_key": "tls_key", "max_blob_bytes": "registry_max_blob_bytes",
+    "rate_limit": "registry_rate_limit", "rate_burst": "registry_rate_burst",
+    "max_uploads": "registry_max_uploads", "audit_log": "registry_audit_log",
+    "max_manifest_bytes": "max_manifest_bytes", "upload_ttl": "upload_session_ttl",
+}
 
 
 def _with_flags(args: argparse.Namespace, settings: Settings) -> Settings:
@@ -44,6 +142,10 @@ def _with_flags(args: argparse.Namespace, settings: Settings) -> Settings:
         changes["registry_port"] = args.port
     if args.root:
         changes["registry_root"] = args.root.expanduser()
+    for flag, field in _SERVE_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            changes[field] = value
     return settings.with_(**changes) if changes else settings
 
 
@@ -52,17 +154,46 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from ferry.app import build_registry_app
     from registry.service.app import BulkHttpProtocol
+    from registry.service.auth.config import AuthConfigError
 
     settings = _with_flags(args, settings)
-    app = build_registry_app(settings)
+    _refuse_open_exposure(settings)
+    tls = tls_options(settings)
+    try:
+        app = build_registry_app(settings)
+    except AuthConfigError as exc:
+        raise CLIError(f"bad auth file: {exc}") from None
     where = (f"s3://{settings.registry_s3_bucket}/{settings.registry_s3_prefix}"
              if settings.registry_s3_bucket else str(settings.registry_root))
-    print(f"registry on http://{settings.registry_host}:{settings.registry_port}, "
-          f"storing in {where}", flush=True)
+    scheme = "https" if tls else "http"
+    if settings.registry_auth and not tls and not _is_loopback(settings.registry_host):
+        print("warning: passwords and tokens cross the network in clear text; serve TLS "
+              "(--tls-cert/--tls-key) or put a TLS proxy in front", file=sys.stderr)
+    access = f"auth from {settings.registry_auth}" if settings.registry_auth else "OPEN: no auth"
+    print(f"registry on {scheme}://{settings.registry_host}:{settings.registry_port}, "
+          f"storing in {where}, {access}", flush=True)
     uvicorn.run(app, host=settings.registry_host, port=settings.registry_port,
                 log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-                http=BulkHttpProtocol, loop="uvloop")
+                http=BulkHttpProtocol, loop="uvloop", **tls)
     return 0
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _refuse_open_exposure(settings: Settings) -> None:
+    """An open registry lets anyone push and delete: only on loopback unless asked for."""
+    if settings.registry_auth or settings.registry_allow_anonymous_writes:
+        return
+    if not _is_loopback(settings.registry_host):
+        raise CLIError(f"refusing to serve an open registry on {settings.registry_host}: "
+                       "anyone who can reach it could push, overwrite and delete. Pass --auth "
+                       "FILE (see `ferry registry user add`), or --allow-anonymous-writes if "
+                       "that is really what you want")
 
 
 def run_gc(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,4 +1,5 @@
-"""`ferry pull`, `ferry push` (through the model server) and `ferry login` (local credentials)."""
+"""`ferry pull`, `ferry push` (through the model server); `ferry login` and `ferry logout` (local
+credentials, checked by the registry's token endpoint before they are saved)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     login.add_argument("--insecure", action="store_true",
                        help="the registry is private and may speak plain http")
     login.set_defaults(func=run_login)
+    logout = sub.add_parser("logout", help="forget the credentials saved for a registry")
+    logout.add_argument("registry", metavar="REGISTRY", help="host[:port] of the registry")
+    logout.set_defaults(func=run_logout)
 
 
 def run_transfer(args: argparse.Namespace, settings: Settings) -> int:
@@ -58,4 +62,15 @@ def run_login(args: argparse.Namespace, settings: Settings) -> int:
     except (FerryError, httpx.HTTPError) as exc:
         raise CLIError(f"login to {args.registry} failed: {exc}") from exc
     print("Login Succeeded")
+    return 0
+
+
+def run_logout(args: argparse.Namespace, settings: Settings) -> int:
+    from registry.transfer.auth import remove_credentials
+
+    host = args.registry.strip().rstrip("/").split("://", 1)[-1].split("/", 1)[0]
+    if remove_credentials(settings.home / "credentials.json", host):
+        print(f"Removing login credentials for {host}")
+    else:
+        print(f"Not logged in to {host}")
     return 0

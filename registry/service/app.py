@@ -16,6 +16,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from registry.errors import FerryError
 from registry.manifests import MAX_MANIFEST_BYTES
 from registry.service import oci
+from registry.service.auth import token_endpoint
+from registry.service.auth.audit import AuditLog
+from registry.service.auth.config import AuthConfig
+from registry.service.auth.gate import Gate
+from registry.service.auth.limits import LimitSettings
+from registry.service.auth.middleware import AccessMiddleware
 from registry.service.errors import RegistryError, handle_error
 from registry.service.registry import DEFAULT_UPLOAD_SESSION_TTL, Registry
 from registry.service.storage.base import BlobStore
@@ -69,8 +75,12 @@ def build_registry_app(
     max_manifest_bytes: int = MAX_MANIFEST_BYTES,
     upload_session_ttl: float = DEFAULT_UPLOAD_SESSION_TTL,
     max_blob_bytes: int = 0,
+    auth: AuthConfig | None = None,
+    limits: LimitSettings | None = None,
+    audit: AuditLog | None = None,
 ) -> Starlette:
-    """The /v2 app over `store`, or over a FilesystemStore at `root`."""
+    """The /v2 app over `store`, or over a FilesystemStore at `root`. Without `auth` it is open
+    (anyone may push and delete); with it, every route checks the caller's token."""
     if store is None:
         if root is None:
             raise ValueError("build_registry_app needs a root directory or a store")
@@ -91,15 +101,23 @@ def build_registry_app(
             close = getattr(store, "close", None)
             if close is not None:
                 close()
+            if audit is not None:
+                audit.close()
 
+    gate = Gate(auth) if auth is not None else None
     app = Starlette(
-        routes=oci.routes,
+        routes=[*oci.routes, *token_endpoint.routes],
         exception_handlers={RegistryError: handle_error, FerryError: handle_error,
                             ClientDisconnect: handle_error, Exception: handle_error},
         middleware=[],
         lifespan=lifespan,
     )
     app.state.registry = registry
+    app.state.auth = gate
+    limits = limits or LimitSettings()
+    if gate is not None or limits.active or audit is not None:
+        app.add_middleware(AccessMiddleware, gate=gate, limits=limits,  # type: ignore[arg-type]
+                           audit=audit)
     app.add_middleware(APIVersionHeader)  # type: ignore[arg-type]
     return app
 

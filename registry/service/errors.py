@@ -53,6 +53,8 @@ ERROR_CODES: dict[str, tuple[str, int, str]] = {
     "DENIED": ("DENIED", 403, "requested access to the resource is denied"),
     "TOOMANYREQUESTS": ("TOOMANYREQUESTS", 429, "too many requests"),
     "UNKNOWN": ("UNKNOWN", 500, "unknown error"),
+    "UNAUTHORIZED": ("UNAUTHORIZED", 401, "authentication required"),
+    "SCOPE_INVALID": ("UNSUPPORTED", 400, "invalid token scope"),
 }
 
 

@@ -20,6 +20,7 @@ from registry import media_types as mt
 from registry.digests import Digest
 from registry.names import parse_repository
 from registry.service import oci_blobs
+from registry.service.auth.gate import authorize, require_token, visible_repositories
 from registry.service.blobs import list_repositories
 from registry.service.errors import RegistryError
 from registry.service.oci_blobs import parse_digest
@@ -35,6 +36,7 @@ def _registry(request: Request) -> Registry:
 
 
 async def base(request: Request) -> Response:
+    require_token(request)
     return JSONResponse({}, headers=API_VERSION)
 
 
@@ -143,7 +145,7 @@ async def tags_list(request: Request, repo: str, _: str) -> Response:
 
 
 async def catalog(request: Request) -> Response:
-    repos = await list_repositories(_registry(request).store)
+    repos = visible_repositories(request, await list_repositories(_registry(request).store))
     page, headers = _page(request, repos, "/v2/_catalog")
     return JSONResponse({"repositories": page}, headers={**API_VERSION, **headers})
 
@@ -162,6 +164,13 @@ async def referrers(request: Request, repo: str, reference: str) -> Response:
 
 
 # -- dispatch -------------------------------------------------------------------------------------
+
+# What each handler needs on its repository (auth/gate.py checks it before the handler runs);
+# a handler missing here needs push, so a new route is never readable by accident.
+_NEEDS: dict[Handler, str] = {
+    oci_blobs.blob_get: "pull", manifest_get: "pull", tags_list: "pull", referrers: "pull",
+    oci_blobs.blob_delete: "delete", manifest_delete: "delete",
+}
 
 _ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
     (re.compile(r"^(.+)/blobs/uploads/?()$"), {"POST": oci_blobs.upload_start}),
@@ -188,6 +197,7 @@ async def _dispatch(request: Request) -> Response:
         if handler is None:
             raise RegistryError("UNSUPPORTED", f"{request.method} is not supported here")
         repo = parse_repository(match.group(1))
+        authorize(request, repo, _NEEDS.get(handler, "push"))
         return await handler(request, repo, match.group(2))
     raise RegistryError("NAME_UNKNOWN", f"no route for /v2/{path}")
 

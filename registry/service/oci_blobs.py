@@ -11,6 +11,7 @@ from starlette.responses import Response, StreamingResponse
 from registry.digests import Digest
 from registry.names import parse_repository
 from registry.service import paths
+from registry.service.auth.gate import mount_source
 from registry.service.errors import RegistryError
 from registry.service.registry import Registry
 from registry.service.uploads import Chunk, range_header
@@ -128,11 +129,12 @@ async def upload_start(request: Request, repo: str, _: str) -> Response:
     if "mount" in query:
         digest = parse_digest(query["mount"])
         source = parse_repository(query["from"]) if query.get("from") else None
-        if await reg.blobs.mount(repo, digest, source):
+        if await reg.blobs.mount(repo, digest, mount_source(request, repo, source)):
             return _created(repo, digest)
     elif "digest" in query:
         digest = parse_digest(query["digest"])
-        if not _has_body(request) and await reg.blobs.mount(repo, digest, None):
+        if not _has_body(request) and await reg.blobs.mount(repo, digest,
+                                                            mount_source(request, repo, None)):
             return _created(repo, digest)  # already here: nothing to send (x/transfer's probe)
         if _has_body(request) or digest == Digest.of(b""):
             upload_id = await reg.uploads.start(repo)

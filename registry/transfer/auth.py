@@ -82,6 +82,24 @@ def save_credentials(path: Path, registry: str, username: str, password: str) ->
     os.replace(tmp, path)
 
 
+def remove_credentials(path: Path, registry: str) -> bool:
+    """Forget one registry's credentials (`ferry logout`); False when none were saved."""
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    auths = data.get("auths") if isinstance(data, dict) else None
+    if not isinstance(auths, dict) or registry.lower() not in auths:
+        return False
+    del auths[registry.lower()]
+    tmp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2)
+    os.replace(tmp, path)
+    return True
+
+
 def basic_header(username: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
 

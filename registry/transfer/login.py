@@ -1,4 +1,9 @@
-"""`ferry login`: check a username and password against a registry, then save them (0600)."""
+"""`ferry login`: check a username and password against a registry, then save them (0600).
+
+The check is the registry's own: its `/v2/` challenge names the token realm, and the token
+endpoint must accept the credentials for `registry:catalog:*` (the scope every account may ask
+for). A registry that asks for no credentials cannot check them, so nothing is saved for it.
+"""
 
 from __future__ import annotations
 
@@ -23,10 +28,18 @@ def registry_base(registry: str, insecure: bool) -> httpx.URL:
     return url.copy_with(path="/")
 
 
+def with_catalog_scope(challenge: str) -> str:
+    """A Bearer challenge without a scope, asking for `registry:catalog:*`."""
+    if challenge.strip().lower().startswith("bearer ") and "scope=" not in challenge:
+        return challenge.rstrip() + ',scope="registry:catalog:*"'
+    return challenge
+
+
 async def login(registry: str, username: str, password: str, *, home: Path,
                 insecure: bool = False, ca_file: str = "",
                 resolver: Resolver | None = None) -> None:
     """Authenticate once against `GET /v2/` (answering its challenge); save on success."""
+    verified = False
     base = registry_base(registry, insecure)
     policy = RedirectPolicy(base, insecure, resolver or DnsResolver())
     session = SafeSession(policy, build_ssl_context(ca_file))
@@ -41,9 +54,13 @@ async def login(registry: str, username: str, password: str, *, home: Path,
                 break
             if attempt == 2 or not challenge:
                 raise AuthFailed("unauthorized: the registry refused the username or password")
-            await auth.refresh(challenge, None)
+            await auth.refresh(with_catalog_scope(challenge), None)
+            verified = True
         if reply.status >= 400:
             raise UpstreamError(reply.status, "", str(reply.url))
+        if not verified:
+            raise AuthFailed(f"{base.netloc.decode('ascii')} asks for no credentials, so it "
+                             "cannot check them; nothing was saved")
     finally:
         await session.aclose()
     save_credentials(home / "credentials.json", auth.registry_host, username, password)

@@ -59,7 +59,10 @@ def test_compose_runs_both_services_with_volumes():
     compose = yaml.safe_load((REPO / "infra" / "compose.yaml").read_text())
     services = compose["services"]
     assert services["model-server"]["command"] == ["serve"]
-    assert services["registry"]["command"] == ["registry", "serve"]
+    assert services["registry"]["command"] == ["registry", "serve", "--auth",
+                                               "/data/auth/auth.toml"]
+    for service in services.values():  # published on loopback only
+        assert all(str(p).startswith("127.0.0.1:") for p in service.get("ports", []))
     assert {"models", "registry"} <= set(compose["volumes"])
     dockerfile = (REPO / "infra" / "Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM python:3.11-slim" in dockerfile
