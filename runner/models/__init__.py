@@ -18,8 +18,19 @@ from types import ModuleType
 # can answer "is this supported?" without importing mlx; a test checks it matches the modules.
 ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "llama": ("LlamaForCausalLM",),
-    "qwen3": ("Qwen3ForCausalLM",),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Model"),
+    "bert": ("BertModel",),
+    "nomic_bert": ("NomicBertModel",),
+    "xlm_roberta": ("XLMRobertaModel",),
 }
+# Architectures that embed text rather than generate it: encoders, and decoders saved without
+# their LM head (Qwen3-Embedding), pooled by their last token.
+EMBEDDING_ARCHITECTURES = frozenset({"BertModel", "NomicBertModel", "XLMRobertaModel",
+                                     "Qwen3Model"})
+
+
+def is_embedding_architecture(architecture: str) -> bool:
+    return architecture in EMBEDDING_ARCHITECTURES
 
 
 def supported_model_types() -> list[str]:
@@ -38,7 +49,9 @@ def model_type_for_architecture(architecture: str) -> str | None:
 
 
 def get_model_module(model_type: str) -> ModuleType:
-    """Import `runner.models.<model_type>`; a clear ValueError when there is none."""
+    """Import `runner.models.<model_type>`; a clear ValueError when there is none.
+    config.json spells some types with a hyphen (`xlm-roberta`), module names cannot."""
+    model_type = model_type.replace("-", "_")
     known = {m.name for m in pkgutil.iter_modules(__path__)}
     if model_type not in known or model_type not in ARCHITECTURES:
         raise ValueError(

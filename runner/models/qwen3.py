@@ -16,7 +16,8 @@ from runner.nn.embedding import Embedding
 from runner.nn.linear import Linear
 from runner.nn.norm import RMSNorm
 
-ARCHITECTURES = ("Qwen3ForCausalLM",)
+ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3Model")
+DEFAULT_POOLING = "last"  # Qwen3Model (Qwen3-Embedding): the last token has read the whole text
 
 
 @dataclass
@@ -36,6 +37,7 @@ class ModelArgs:
     attention_bias: bool = False
     mlp_bias: bool = False
     tie_word_embeddings: bool = True
+    architectures: list[str] | None = None
 
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> ModelArgs:
@@ -98,7 +100,7 @@ class Model(nn.Module):
         self.args = args
         self.model_type = args.model_type
         self.model = Qwen3Model(args)
-        if not args.tie_word_embeddings:
+        if not args.tie_word_embeddings and "Qwen3Model" not in (args.architectures or []):
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
 
     def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None) -> mx.array:
@@ -111,7 +113,18 @@ class Model(nn.Module):
     def layers(self) -> list[DecoderLayer]:
         return self.model.layers
 
+    @property
+    def max_tokens(self) -> int:
+        return self.args.max_position_embeddings
+
+    def embed(self, ids: mx.array, mask: mx.array) -> mx.array:
+        """Final-norm hidden states of right-padded `ids`: attention is causal, so a row's
+        states up to its last real token never see its padding (`mask` is not needed)."""
+        return self.model(ids, None)
+
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """Drop what HF checkpoints carry but inference never reads (rotary caches)."""
-    return {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
+    """Drop what HF checkpoints carry but inference never reads (rotary caches); a Qwen3Model
+    checkpoint (no LM head) names its tensors without the `model.` prefix."""
+    return {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v
+            for k, v in weights.items() if "rotary_emb.inv_freq" not in k}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from registry.manifests import ModelConfig
+from runner.models import is_embedding_architecture
 from workflows.create.errors import CreateError
 from workflows.create.inventory import Inventory
 from workflows.create.plan import ModelPlan
@@ -25,7 +26,10 @@ def human_number(count: int) -> str:
 
 
 def capabilities(inv: Inventory) -> list[str]:
-    """`completion` always; tools/thinking from the chat template; vision/audio from config."""
+    """`embedding` alone for an embedding architecture (it cannot generate); else `completion`
+    always; tools/thinking from the chat template; vision/audio from config."""
+    if is_embedding_architecture(inv.architecture):
+        return ["embedding"]
     caps = ["completion"]
     template = inv.chat_template
     if "tools" in template:

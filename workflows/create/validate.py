@@ -11,11 +11,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from runner.models import model_type_for_architecture, supported_architectures
+from runner.models import (
+    get_model_module,
+    model_type_for_architecture,
+    supported_architectures,
+)
 from runner.quant import QuantType, UnknownQuantType, parse_quant_type
 from workflows.create.errors import CreateError
 from workflows.create.inventory import CONFIG_FILE, FLOAT_DTYPES, Inventory
 
+DECODER_TYPES = ("llama", "qwen3")  # shapes below; other architectures own theirs
+BARE_DECODERS = ("Qwen3Model",)
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -42,7 +48,7 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
     if model_type is None:
         raise CreateError(f"unsupported architecture {arch!r}: ferry's runner supports "
                           f"{', '.join(supported_architectures())}", config_name)
-    expected = expected_shapes(inv.config, config_name, model_type)
+    expected = architecture_shapes(inv.config, config_name, model_type, arch)
     for name, shape in expected.items():
         info = inv.tensors.get(name)
         if info is None:
@@ -55,8 +61,26 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
         if info.dtype not in FLOAT_DTYPES:
             raise CreateError(f"tensor {name!r} has dtype {info.dtype}; only BF16, F16 and F32 "
                               "checkpoints can be imported", info.file.name)
-    _check_layer_indices(inv, int(inv.config["num_hidden_layers"]))
+    if "num_hidden_layers" in inv.config:
+        _check_layer_indices(inv, int(inv.config["num_hidden_layers"]))
     return model_type
+
+
+def architecture_shapes(config: dict[str, Any], where: str, model_type: str,
+                        arch: str) -> dict[str, tuple[int, ...]]:
+    """The tensors `arch` needs. Encoders own their shapes (`tensor_shapes` in their runner
+    module, which imports mlx: only embedding imports pay for it); a bare decoder (Qwen3Model,
+    an embedding checkpoint) has the decoder's tensors without the `model.` prefix or LM head."""
+    if model_type in DECODER_TYPES:
+        shapes = expected_shapes(config, where, model_type)
+        if arch not in BARE_DECODERS:
+            return shapes
+        return {k.removeprefix("model."): v for k, v in shapes.items() if k != "lm_head.weight"}
+    _int(config, "vocab_size", where)
+    try:
+        return dict(get_model_module(model_type).tensor_shapes(config))
+    except (TypeError, ValueError) as exc:
+        raise CreateError(f"config.json does not describe a {arch}: {exc}", where) from exc
 
 
 def _check_layer_indices(inv: Inventory, layers: int) -> None:
