@@ -11,13 +11,13 @@ import threading
 
 import numpy as np
 import pytest
-from embedding_checkpoints import reference_embedding, write_checkpoint
 
 from registry.names import Name
 from registry.store import Store
 from runner.embed import Embedder, EmbedError, build_embedder
 from runner.load import load_model
 from runner.tokenizer import ModelTokenizer
+from tests.runner.embedding_checkpoints import reference_embedding, write_checkpoint
 from workflows.create import CreateOptions, create
 
 TEXTS = ["the quick brown fox", "hello world", "a cat sat on the mat and the dog ran fast",
