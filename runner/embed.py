@@ -46,7 +46,7 @@ def pooling_mode(files: dict[str, bytes], default: str) -> str:
     folder = "1_Pooling"
     if "modules.json" in files:
         modules = json.loads(files["modules.json"])
-        pools = [m.get("path") for m in modules if isinstance(m, dict)
+        pools = [str(m["path"]) for m in modules if isinstance(m, dict)
                  and m.get("type") == POOLING_MODULE and isinstance(m.get("path"), str)]
         folder = pools[0] if pools else folder
     config = json.loads(files.get(f"{folder}/config.json", b"{}"))

@@ -259,6 +259,7 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
         progress(done)
     if hasattr(module, "sanitize"):
         weights = module.sanitize(weights)
+        qtypes = module.sanitize(qtypes)  # the same renames (a bare Qwen3Model's `model.`)
     if getattr(model, "args", None) is not None and model.args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     quantize_modules(model, qtypes)

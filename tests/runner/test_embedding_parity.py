@@ -16,6 +16,7 @@ from registry.names import Name
 from registry.store import Store
 from runner.embed import Embedder, EmbedError, build_embedder
 from runner.load import load_model
+from runner.quant import parse_quant_type
 from runner.tokenizer import ModelTokenizer
 from tests.runner.embedding_checkpoints import reference_embedding, write_checkpoint
 from workflows.create import CreateOptions, create
@@ -24,13 +25,15 @@ TEXTS = ["the quick brown fox", "hello world", "a cat sat on the mat and the dog
          "ferry"]
 
 
-def imported_embedder(tmp_path, kind: str, pooling: str | None) -> tuple[Embedder, object]:
+def imported_embedder(tmp_path, kind: str, pooling: str | None, quantize: str | None = None,
+                      compute: str = "float32") -> tuple[Embedder, object]:
     checkpoint = write_checkpoint(tmp_path / "ckpt", kind, pooling)
     store = Store(tmp_path / "models")
     store.root.mkdir(parents=True)
-    create(Name.parse_valid(f"emb/{kind}"), checkpoint, CreateOptions(), store,
+    options = CreateOptions(quantize=parse_quant_type(quantize) if quantize else None)
+    create(Name.parse_valid(f"emb/{kind}"), checkpoint, options, store,
            progress=lambda event: None, cancel=threading.Event())
-    loaded = load_model(store, f"emb/{kind}", "float32")
+    loaded = load_model(store, f"emb/{kind}", compute)
     files = loaded.files
     tokenizer = ModelTokenizer(files.files, files.config)
     embedder = build_embedder(loaded.model, files.config, files.files, tokenizer)
@@ -85,3 +88,12 @@ def test_overlong_input_is_truncated_keeping_special_tokens_or_refused(tmp_path)
     assert ids[0] == 2 and ids[-1] == 3  # [CLS] ... [SEP] survive the cut
     with pytest.raises(EmbedError, match="exceeds maximum context length"):
         embedder.embed([long_text], truncate=False)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "bert"])
+def test_int8_imports_load_and_stay_close(tmp_path, kind):
+    """Quantized layers of a bare Qwen3Model are found under their `model.` names too."""
+    embedder, checkpoint = imported_embedder(tmp_path, kind, "mean", "int8", "native")
+    vector = np.array(embedder.embed(["hello world the fox"]).vectors[0])
+    reference = reference_embedding(checkpoint, kind, "hello world the fox", "mean")
+    assert float(vector @ reference) >= 0.999
