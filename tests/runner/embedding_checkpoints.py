@@ -104,13 +104,14 @@ def random_weights(kind: str, config: dict[str, Any], seed: int) -> dict[str, np
     return out
 
 
-def write_checkpoint(out: Path, kind: str, pooling: str | None = None, seed: int = 0) -> Path:
-    """Write the checkpoint dir; `pooling` ("mean", "cls", "lasttoken") adds the
-    sentence-transformers files that choose it."""
+def write_checkpoint(out: Path, kind: str, pooling: str | None = None, seed: int = 0,
+                     sizes: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint dir; `pooling` ("mean", "cls", "last") adds the
+    sentence-transformers files that choose it; `sizes` overrides config keys (bench sizes)."""
     out.mkdir(parents=True, exist_ok=True)
     make_tokenizer, tok_config = TOKENIZERS[kind]
     tok = make_tokenizer()
-    config = config_for(kind, tok.get_vocab_size())
+    config = {**config_for(kind, tok.get_vocab_size()), **(sizes or {})}
     (out / "config.json").write_text(json.dumps(config))
     (out / "tokenizer.json").write_text(tok.to_str())
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config))

@@ -13,6 +13,7 @@ import base64
 import os
 import struct
 import threading
+import time
 from unittest import mock
 
 import httpx
@@ -151,3 +152,14 @@ def test_bad_embed_requests_are_clear_400s(served):
         assert message in response.json()["error"]
     missing = httpx.post(url, json={"model": "me/nothing", "input": "x"})
     assert missing.status_code == 404
+
+
+def test_options_num_ctx_truncates_and_keep_alive_zero_unloads(client, served):
+    long_text = " ".join(["fox"] * 30)
+    cut = client.embed(model="me/embed", input=long_text, options={"num_ctx": 8})
+    assert cut.prompt_eval_count == 8
+    client.embed(model="me/embed", input="hello", keep_alive=0)
+    deadline = time.monotonic() + 30
+    while any(m.model.startswith("me/embed") for m in client.ps().models):
+        assert time.monotonic() < deadline, "keep_alive 0 did not unload the model"
+        time.sleep(0.1)
