@@ -7,9 +7,11 @@ names the Pooling module's folder (usually `1_Pooling`), whose `config.json` set
 sentence-transformers `Normalize` module a no-op here); `dimensions` keeps the first n
 components (Matryoshka truncation) and normalises again.
 
-A batch is right-padded to its longest text with a 0/1 mask: encoders keep padding out of
-attention with the mask; decoders are causal, so padding after a row's last token is never
-seen by it. Either way a text's vector does not depend on what it was batched with.
+A batch is sorted by length and cut into forwards of at most MAX_FORWARD_TOKENS padded tokens
+(one forward for any ordinary request); each is right-padded to its longest text with a 0/1
+mask: encoders keep padding out of attention with the mask; decoders are causal, so padding
+after a row's last token is never seen by it. Either way a text's vector does not depend on
+what it was batched with.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from runner.tokenizer import ModelTokenizer
 POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
                  "pooling_mode_lasttoken": "last"}
 POOLING_MODULE = "sentence_transformers.models.Pooling"
+# Padded tokens per forward: a request's texts share forwards up to this size, which bounds the
+# activations (and the attention scores, rows x heads x length^2) of a huge batch.
+MAX_FORWARD_TOKENS = 8192
 
 
 class EmbedError(ValueError):
@@ -84,6 +89,7 @@ class Embedder:
         self.mode = mode
         self.max_tokens = max_tokens
         self.pad_id = _pad_id(tokenizer)
+        self.forward_tokens = MAX_FORWARD_TOKENS
 
     def tokens(self, text: str, limit: int, truncate: bool) -> list[int]:
         """The text's ids with the tokenizer's own special tokens ([CLS] ... [SEP], <s> ...),
@@ -104,8 +110,16 @@ class Embedder:
         limit = min(num_ctx, self.max_tokens) if num_ctx else self.max_tokens
         batch = [self.tokens(text, limit, truncate) for text in texts]
         started = time.perf_counter_ns()
-        if not batch:
-            return Embeddings([], 0, 0)
+        vectors: list[list[float]] = [[] for _ in batch]
+        for rows in forward_groups([len(ids) for ids in batch], self.forward_tokens):
+            pooled = self.forward([batch[i] for i in rows], dimensions)
+            for i, vector in zip(rows, pooled, strict=True):
+                vectors[i] = vector
+        return Embeddings(vectors, sum(len(row) for row in batch),
+                          time.perf_counter_ns() - started if batch else 0)
+
+    def forward(self, batch: list[list[int]], dimensions: int | None) -> list[list[float]]:
+        """One right-padded forward over `batch`; its pooled, normalised vectors."""
         width = max(len(ids) for ids in batch)
         ids = mx.array([row + [self.pad_id] * (width - len(row)) for row in batch])
         mask = mx.array([[1] * len(row) + [0] * (width - len(row)) for row in batch])
@@ -115,8 +129,19 @@ class Embedder:
                              f"{hidden.shape[-1]}")
         vectors = normalise(pool(hidden, mask, self.mode), dimensions)
         out: list[list[float]] = vectors.tolist()  # type: ignore[assignment]
-        return Embeddings(out, sum(len(row) for row in batch),
-                          time.perf_counter_ns() - started)
+        return out
+
+
+def forward_groups(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of the batch grouped for forwards: by length, so rows of one forward pad
+    little, and each group's padded size (rows x longest) within `budget` tokens."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def build_embedder(model: nn.Module, config: dict[str, Any], files: dict[str, bytes],

@@ -14,7 +14,7 @@ import pytest
 
 from registry.names import Name
 from registry.store import Store
-from runner.embed import Embedder, EmbedError, build_embedder
+from runner.embed import Embedder, EmbedError, build_embedder, forward_groups
 from runner.load import load_model
 from runner.quant import parse_quant_type
 from runner.tokenizer import ModelTokenizer
@@ -97,3 +97,18 @@ def test_int8_imports_load_and_stay_close(tmp_path, kind):
     vector = np.array(embedder.embed(["hello world the fox"]).vectors[0])
     reference = reference_embedding(checkpoint, kind, "hello world the fox", "mean")
     assert float(vector @ reference) >= 0.999
+
+
+def test_forward_groups_sort_by_length_within_the_token_budget():
+    assert forward_groups([5, 2, 9, 3], budget=100) == [[1, 3, 0, 2]]
+    assert forward_groups([5, 2, 9, 3], budget=10) == [[1, 3], [0], [2]]
+    assert forward_groups([], budget=10) == []
+
+
+def test_a_batch_split_across_forwards_keeps_order_and_values(tmp_path):
+    embedder, _ = imported_embedder(tmp_path, "bert", "mean")
+    whole = embedder.embed(TEXTS)
+    embedder.forward_tokens = 12  # every text in a forward of its own, or two short ones
+    split = embedder.embed(TEXTS)
+    assert np.allclose(whole.vectors, split.vectors, atol=1e-5)
+    assert split.prompt_eval_count == whole.prompt_eval_count

@@ -52,8 +52,9 @@ def draft_block(draft: Inventory) -> dict[str, Any]:
 def build_config(inv: Inventory, plan: ModelPlan, model_type: str, requires: str | None,
                  draft: Inventory | None) -> ModelConfig:
     config = inv.config
-    context = config.get("max_position_embeddings")
-    hidden = config.get("hidden_size")
+    # GPT-2-style names (n_positions, n_embd) in Nomic BERT's config.json
+    context = config.get("max_position_embeddings", config.get("n_positions"))
+    hidden = config.get("hidden_size", config.get("n_embd"))
     return ModelConfig(
         model_format="safetensors",
         model_family=model_type,
