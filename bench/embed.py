@@ -88,7 +88,10 @@ def main() -> int:
                      "one by one": [[t] for t in texts]}
             rates = {name: len(texts) / best_seconds(url, batches, args.repeat)
                      for name, batches in plans.items()}
-    print(f"{args.texts} texts, BERT {args.layers}x{args.hidden}, best of {args.repeat}")
+            running = httpx.get(f"{url}/api/ps").json()["models"]
+    compute = running[0]["compute"] if running else "?"
+    print(f"{args.texts} texts, BERT {args.layers}x{args.hidden}, best of {args.repeat}, "
+          f"runner compute {compute}")
     for name, rate in rates.items():
         print(f"  {name:<14} {rate:8.1f} embeddings/s")
     speedup = rates["one request"] / rates["one by one"]
