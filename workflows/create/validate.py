@@ -2,8 +2,9 @@
 
 Checks that need only the inventory (config.json and headers): the architecture is registered
 in `runner.models` (read without importing mlx), and every tensor the architecture needs is
-present with the shape the config implies (hidden size, layer count, heads, vocab). Each failure
-is a CreateError naming the file and the problem.
+present with the shape the config implies (hidden size, layer count, heads, vocab). Decoder
+shapes are written out below; an encoder's come from its runner module's `tensor_shapes`, the
+one place that imports mlx here. Each failure is a CreateError naming the file and the problem.
 """
 
 from __future__ import annotations
