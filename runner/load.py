@@ -301,6 +301,10 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
         weights.update({k.removeprefix(prefix): v for k, v in blob_weights.items()})
         qtypes.update({k.removeprefix(prefix): v for k, v in blob_qtypes.items()})
         progress(done)
+    rename = getattr(module, "tensor_name", None)
+    if rename is not None:  # a checkpoint that names tensors otherwise than the model does
+        weights = {rename(k): v for k, v in weights.items()}
+        qtypes = {rename(k): v for k, v in qtypes.items()}
     if hasattr(module, "sanitize"):
         weights = module.sanitize(weights)
     return assign_weights(name, model, weights, qtypes)

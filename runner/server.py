@@ -5,6 +5,8 @@
     POST /v1/completions  NDJSON: {"content", "done": false}... then the final counters
                           (with "prompt_cached", and "draft_proposed"/"draft_accepted")
     POST /v1/tokenize     {"content"} -> {"tokens"}
+    POST /v1/embed        {"input": [str], "truncate", "dimensions", "options"} ->
+                          {"embeddings", "prompt_eval_count", "prompt_eval_duration"}
 
 The HTTP server is up before the model is loaded (status "loading"). All MLX work (the load
 and every generation) runs on one worker thread, in order, so requests are served one at a
@@ -33,6 +35,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from registry.store import Store
+from runner.embed import Embedder, EmbedError, build_embedder, embedding_dimensions
 from runner.generate import ContextError, Done, Generator, fit_prompt
 from runner.go_template import TemplateError
 from runner.load import LoadedModel, load_model
@@ -69,6 +72,7 @@ class RunnerState:
     loaded: LoadedModel | None = None
     tokenizer: ModelTokenizer | None = None
     generator: Generator | None = None
+    embedder: Embedder | None = None
     worker: Worker = field(default_factory=Worker)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -94,8 +98,16 @@ def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) 
         on_fail(state.error)
         return
     state.loaded, state.tokenizer = loaded, tokenizer
-    state.generator = Generator(loaded.model, tokenizer, loaded.context_length, state.release,
-                                draft=loaded.draft)
+    try:
+        state.embedder = build_embedder(loaded.model, loaded.files.config, loaded.files.files,
+                                        tokenizer)
+    except (ValueError, KeyError) as exc:
+        state.error = f"error loading model {state.name}: {exc}"
+        on_fail(state.error)
+        return
+    if state.embedder is None:
+        state.generator = Generator(loaded.model, tokenizer, loaded.context_length,
+                                    state.release, draft=loaded.draft)
     state.status, state.progress = "ready", 1.0
     print(f"loaded {state.name} in {loaded.load_seconds:.1f}s: compute {loaded.compute}, "
           f"weights {loaded.weights_bytes} bytes, blas {blas_library()}", file=sys.stderr,
@@ -151,6 +163,8 @@ def build_app(store: Store, name: str, compute: str = "auto",
         return JSONResponse({"tokens": state.tokenizer.encode(body["content"])})
 
     async def completions(request: Request) -> Response:
+        if state.embedder is not None:
+            return _error(400, f"model {name} does not support generate")
         if state.generator is None or state.tokenizer is None or state.loaded is None:
             return _error(503, f"model {name} is still loading")
         body = await _json(request)
@@ -167,14 +181,62 @@ def build_app(store: Store, name: str, compute: str = "auto",
         job = _stream(state, tokens, options, truncate)
         return StreamingResponse(job, media_type="application/x-ndjson")
 
+    async def embed(request: Request) -> Response:
+        return await embed_route(state, request)
+
     routes = [Route("/v1/status", status, methods=["GET"]),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/completion", completions, methods=["POST"]),
-              Route("/v1/tokenize", tokenize, methods=["POST"])]
+              Route("/v1/tokenize", tokenize, methods=["POST"]),
+              Route("/v1/embed", embed, methods=["POST"])]
     app = Starlette(routes=routes)
     state.worker.submit(lambda: load_into(state, store, failed))
     app.state.runner = state
     return app
+
+
+async def embed_route(state: RunnerState, request: Request) -> Response:
+    """POST /v1/embed: one batched forward on the worker (docs/runner-protocol.md)."""
+    if state.loaded is None:
+        return _error(503, f"model {state.name} is still loading")
+    embedder = state.embedder
+    if embedder is None:
+        return _error(400, f"model {state.name} does not support embeddings")
+    body = await _json(request)
+    texts = body.get("input") if isinstance(body, dict) else None
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        return _error(400, "embed needs {\"input\": [string, ...]}")
+    options = body.get("options") if isinstance(body.get("options"), dict) else {}
+    num_ctx = options.get("num_ctx")
+    try:
+        dimensions = embedding_dimensions(body.get("dimensions"))
+        if num_ctx is not None and (not isinstance(num_ctx, int) or num_ctx <= 0):
+            raise EmbedError("options.num_ctx must be a positive integer")
+        async with state.lock:
+            result = await _on_worker(state, lambda: embedder.embed(
+                texts, body.get("truncate", True) is not False, dimensions, num_ctx))
+    except EmbedError as exc:
+        return _error(400, str(exc))
+    return JSONResponse({"embeddings": result.vectors,
+                         "prompt_eval_count": result.prompt_eval_count,
+                         "prompt_eval_duration": result.prompt_eval_duration})
+
+
+async def _on_worker(state: RunnerState, job: Callable[[], Any]) -> Any:
+    """Run `job` on the MLX worker thread; its result or exception comes back here."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    loop = future.get_loop()
+
+    def run() -> None:
+        try:
+            value = job()
+        except BaseException as exc:  # handed to the awaiting request
+            loop.call_soon_threadsafe(future.set_exception, exc)
+            return
+        loop.call_soon_threadsafe(future.set_result, value)
+
+    state.worker.submit(run)
+    return await future
 
 
 def _prefix_cache_status(generator: Generator | None) -> dict[str, int]:

@@ -195,6 +195,21 @@ class RunnerProcess:
         self.broken = True
         raise RunnerError(await self.failure_message("the stream ended without a final message"))
 
+    async def embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/embed: the runner's vectors and counters for one batch."""
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0)) as client:
+                response = await client.post(f"{self.base_url}/v1/embed", json=body)
+            if response.status_code >= 400:
+                raise RunnerError(_error_text(response), response.status_code)
+            result = response.json()
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            self.broken = True
+            raise RunnerError(await self.failure_message(str(exc))) from exc
+        if not isinstance(result, dict):
+            raise RunnerError("the runner's embed answer is not an object")
+        return result
+
     # -- shutdown ------------------------------------------------------------------------------
 
     def stop(self, grace: float) -> None:

@@ -126,6 +126,10 @@ class Lease:
         """POST /v1/completions to the runner; yields its NDJSON messages."""
         return self.runner.complete(body)
 
+    async def embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/embed to the runner; its JSON answer."""
+        return await self.runner.embed(body)
+
     def release(self) -> None:
         """Synchronous, so it is safe in a cancelled request's `finally`."""
         if not self._released:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 UPLOAD_ATTEMPTS = 6
 CHUNK = 1024 * 1024
+_MODULE_DIR_RE = re.compile(r"^\d+_[A-Za-z]\w*$")
 SOURCE_SUFFIXES = (".safetensors", ".json", ".jinja", ".model", ".tiktoken", ".txt")
 _SPLIT_RE = re.compile(r"^(?P<prefix>.+)-\d{5}-of-(?P<count>\d{5})\.gguf$")
 
@@ -60,11 +61,19 @@ def load_modelfile(path: str | None) -> tuple[Modelfile, Path]:
         raise CLIError(exc.message) from exc
 
 
+def sentence_transformers_files(source: Path) -> dict[str, Path]:
+    """The JSON configs of a sentence-transformers checkpoint's module folders (`1_Pooling/`,
+    `2_Normalize/`, named in modules.json): the runner reads its pooling from them."""
+    return {f"{p.parent.name}/{p.name}": p for p in sorted(source.glob("*/*.json"))
+            if _MODULE_DIR_RE.match(p.parent.name) and p.is_file()}
+
+
 def source_files(source: Path) -> dict[str, Path]:
     """The files of a FROM/DRAFT source: a checkpoint dir's top-level files, or GGUF file(s)."""
     if source.is_dir():
         files = {p.name: p for p in sorted(source.iterdir())
                  if p.is_file() and not p.name.startswith(".") and p.suffix in SOURCE_SUFFIXES}
+        files.update(sentence_transformers_files(source))
         if not files:
             raise CLIError(f"{source} holds no model files (*.safetensors, *.json)")
         return files

@@ -23,7 +23,9 @@ def model_types() -> list[str]:
 
 
 def model_module(model_type: str) -> ModuleType:
-    """Import `runner.models.<model_type>`; a clear ValueError when there is none."""
+    """Import `runner.models.<model_type>`; a clear ValueError when there is none. config.json
+    spells some types with a hyphen (`xlm-roberta`), module names cannot."""
+    model_type = model_type.replace("-", "_")
     if model_type not in model_types():
         raise ValueError(f"model type {model_type!r} is not supported; supported: "
                          f"{', '.join(model_types())}")
@@ -54,3 +56,10 @@ def module_for_gguf(architecture: str) -> ModuleType | None:
         if architecture in getattr(module, "GGUF_ARCHITECTURES", ()):
             return module
     return None
+
+
+def is_embedding_architecture(architecture: str) -> bool:
+    """An architecture that embeds text rather than generating it (its module's
+    `EMBEDDING_ARCHITECTURES`: encoders, and decoders saved without their LM head)."""
+    module = module_for_architecture(architecture)
+    return module is not None and architecture in getattr(module, "EMBEDDING_ARCHITECTURES", ())

@@ -16,8 +16,11 @@ from runner.nn.embedding import Embedding
 from runner.nn.linear import Linear
 from runner.nn.norm import RMSNorm
 
-ARCHITECTURES = ("Qwen3ForCausalLM",)
+ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3Model")
 GGUF_ARCHITECTURES = ("qwen3",)
+# Qwen3Model (Qwen3-Embedding) embeds: the last token has read the whole text.
+EMBEDDING_ARCHITECTURES = ("Qwen3Model",)
+DEFAULT_POOLING = "last"
 
 
 @dataclass
@@ -37,6 +40,7 @@ class ModelArgs:
     attention_bias: bool = False
     mlp_bias: bool = False
     tie_word_embeddings: bool = True
+    architectures: list[str] | None = None
 
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> ModelArgs:
@@ -99,7 +103,7 @@ class Model(nn.Module):
         self.args = args
         self.model_type = args.model_type
         self.model = Qwen3Model(args)
-        if not args.tie_word_embeddings:
+        if not args.tie_word_embeddings and "Qwen3Model" not in (args.architectures or []):
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
 
     def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None) -> mx.array:
@@ -112,10 +116,25 @@ class Model(nn.Module):
     def layers(self) -> list[DecoderLayer]:
         return self.model.layers
 
+    @property
+    def max_tokens(self) -> int:
+        return self.args.max_position_embeddings
+
+    def embed(self, ids: mx.array, mask: mx.array) -> mx.array:
+        """Final-norm hidden states of right-padded `ids`: attention is causal, so a row's
+        states up to its last real token never see its padding (`mask` is not needed)."""
+        return self.model(ids, None)
+
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     """Drop what HF checkpoints carry but inference never reads (rotary caches)."""
     return {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
+
+
+def tensor_name(name: str) -> str:
+    """The model's name for a checkpoint tensor: a Qwen3Model checkpoint (no LM head) names its
+    tensors without the `model.` prefix."""
+    return name if name.startswith(("model.", "lm_head.")) else f"model.{name}"
 
 
 def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
@@ -124,9 +143,10 @@ def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     hidden, inter, vocab = args.hidden_size, args.intermediate_size, args.vocab_size
     q_dim = args.num_attention_heads * args.head_dim
     kv_dim = args.num_key_value_heads * args.head_dim
+    bare = "Qwen3Model" in (args.architectures or [])  # no LM head, no `model.` prefix
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden),
                                           "model.norm.weight": (hidden,)}
-    if not args.tie_word_embeddings:
+    if not args.tie_word_embeddings and not bare:
         shapes["lm_head.weight"] = (vocab, hidden)
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}"
@@ -143,4 +163,4 @@ def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
             f"{p}.mlp.up_proj.weight": (inter, hidden),
             f"{p}.mlp.down_proj.weight": (hidden, inter),
         })
-    return shapes
+    return {k.removeprefix("model."): v for k, v in shapes.items()} if bare else shapes

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from registry.manifests import ModelConfig
+from runner.models import is_embedding_architecture
 from workflows.create.errors import CreateError
 from workflows.create.inventory import Inventory
 from workflows.create.plan import ModelPlan
@@ -25,7 +26,10 @@ def human_number(count: int) -> str:
 
 
 def capabilities(inv: Inventory) -> list[str]:
-    """`completion` always; tools/thinking from the chat template; vision/audio from config."""
+    """`embedding` alone for an embedding architecture (it cannot generate); else `completion`
+    always; tools/thinking from the chat template; vision/audio from config."""
+    if is_embedding_architecture(inv.architecture):
+        return ["embedding"]
     caps = ["completion"]
     template = inv.chat_template
     if "tools" in template:
@@ -48,8 +52,9 @@ def draft_block(draft: Inventory) -> dict[str, Any]:
 def build_config(inv: Inventory, plan: ModelPlan, model_type: str, requires: str | None,
                  draft: Inventory | None) -> ModelConfig:
     config = inv.config
-    context = config.get("max_position_embeddings")
-    hidden = config.get("hidden_size")
+    # GPT-2-style names (n_positions, n_embd) in Nomic BERT's config.json
+    context = config.get("max_position_embeddings", config.get("n_positions"))
+    hidden = config.get("hidden_size", config.get("n_embd"))
     return ModelConfig(
         model_format="safetensors",
         model_family=model_type,

@@ -23,7 +23,7 @@ _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 _POSITIVE_INTS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "vocab_size", "num_experts",
                   "moe_intermediate_size", "num_experts_per_tok")
-_REQUIRED_INTS = ("hidden_size", "num_hidden_layers", "vocab_size")
+_REQUIRED_INTS = ("vocab_size",)  # the rest: ModelArgs refuses a config that lacks its sizes
 
 
 def parse_quantize(quantize: str | None, draft_quantize: str | None,
@@ -56,7 +56,8 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
         if info.dtype not in FLOAT_DTYPES:
             raise CreateError(f"tensor {name!r} has dtype {info.dtype}; only BF16, F16 and F32 "
                               "checkpoints can be imported", info.file.name)
-    _check_layer_indices(inv, int(inv.config["num_hidden_layers"]))
+    if "num_hidden_layers" in inv.config:  # encoders such as Nomic BERT count theirs otherwise
+        _check_layer_indices(inv, int(inv.config["num_hidden_layers"]))
     return model_type_of(_module(arch, config_name))
 
 
@@ -93,7 +94,7 @@ def expected_shapes(config: dict[str, Any], where: str = CONFIG_FILE
         args = module.ModelArgs.from_dict({**config, "model_type": model_type_of(module)})
         shapes: dict[str, tuple[int, ...]] = module.tensor_shapes(args)
     except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
-        raise CreateError(f"does not describe a model ferry can load: {exc}", where) from exc
+        raise CreateError(f"does not describe a {archs[0]} ferry can load: {exc}", where) from exc
     if any(not isinstance(d, int) or d <= 0 for shape in shapes.values() for d in shape):
         raise CreateError("implies a tensor with an empty or invalid dimension", where)
     return shapes
