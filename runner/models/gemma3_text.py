@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from runner.kv_cache import KVCache
+from runner.nn import norm
 from runner.nn.attention import Attention
 from runner.nn.embedding import Embedding
 from runner.nn.linear import Linear
@@ -67,13 +68,12 @@ class ModelArgs:
         return (layer + 1) % self.sliding_window_pattern != 0
 
 
-class RMSNorm(nn.Module):
-    """Gemma's RMSNorm: the gain is `1 + weight`."""
+class RMSNorm(norm.RMSNorm):
+    """Gemma's RMSNorm: the gain is `1 + weight`, so the weight starts at zero."""
 
     def __init__(self, dims: int, eps: float) -> None:
-        super().__init__()
+        super().__init__(dims, eps)
         self.weight = mx.zeros((dims,))
-        self.eps = eps
 
     def __call__(self, x: mx.array) -> mx.array:
         return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)

@@ -86,7 +86,8 @@ def expected_shapes(config: dict[str, Any], where: str = CONFIG_FILE
     """Every tensor the config's architecture needs, with its shape; the architecture file
     (`runner/models/<model_type>.py`, its `tensor_shapes`) is what knows them."""
     archs = config.get("architectures")
-    module = _module(archs[0] if isinstance(archs, list) and archs else "", where)
+    arch = str(archs[0]) if isinstance(archs, list) and archs else ""
+    module = _module(arch, where)
     for key in _POSITIVE_INTS:
         if config.get(key) is not None or key in _REQUIRED_INTS:
             _int(config, key, where)
@@ -94,7 +95,7 @@ def expected_shapes(config: dict[str, Any], where: str = CONFIG_FILE
         args = module.ModelArgs.from_dict({**config, "model_type": model_type_of(module)})
         shapes: dict[str, tuple[int, ...]] = module.tensor_shapes(args)
     except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
-        raise CreateError(f"does not describe a {archs[0]} ferry can load: {exc}", where) from exc
+        raise CreateError(f"does not describe a {arch} ferry can load: {exc}", where) from exc
     if any(not isinstance(d, int) or d <= 0 for shape in shapes.values() for d in shape):
         raise CreateError("implies a tensor with an empty or invalid dimension", where)
     return shapes
