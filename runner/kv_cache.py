@@ -76,5 +76,24 @@ class KVCache:
         return copy
 
 
-def make_cache(num_layers: int) -> list[KVCache]:
-    return [KVCache() for _ in range(num_layers)]
+class RecurrentCache:
+    """A recurrent layer's whole state (Mamba2: conv history and SSM state) after `offset`
+    tokens. It cannot be rewound into the past, only replaced: a snapshot is the pair of arrays
+    as they are (the layer swaps in new arrays each call, never writes into old ones, so a
+    snapshot costs no copy)."""
+
+    def __init__(self) -> None:
+        self.conv: mx.array | None = None
+        self.ssm: mx.array | None = None
+        self.offset = 0
+
+    def update(self, conv: mx.array, ssm: mx.array, length: int) -> None:
+        self.conv, self.ssm = conv, ssm
+        self.offset += length
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [a for a in (self.conv, self.ssm) if a is not None]
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.state)

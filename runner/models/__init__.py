@@ -19,6 +19,7 @@ from types import ModuleType
 ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "llama": ("LlamaForCausalLM",),
     "qwen3": ("Qwen3ForCausalLM",),
+    "nemotron_h": ("NemotronHForCausalLM",),
 }
 
 

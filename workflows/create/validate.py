@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from runner.models import model_type_for_architecture, supported_architectures
+from runner.models import get_model_module, model_type_for_architecture, supported_architectures
 from runner.quant import QuantType, UnknownQuantType, parse_quant_type
 from workflows.create.errors import CreateError
 from workflows.create.inventory import CONFIG_FILE, FLOAT_DTYPES, Inventory
@@ -42,7 +42,7 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
     if model_type is None:
         raise CreateError(f"unsupported architecture {arch!r}: ferry's runner supports "
                           f"{', '.join(supported_architectures())}", config_name)
-    expected = expected_shapes(inv.config, config_name, model_type)
+    expected = _architecture_shapes(inv.config, config_name, model_type)
     for name, shape in expected.items():
         info = inv.tensors.get(name)
         if info is None:
@@ -55,8 +55,20 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
         if info.dtype not in FLOAT_DTYPES:
             raise CreateError(f"tensor {name!r} has dtype {info.dtype}; only BF16, F16 and F32 "
                               "checkpoints can be imported", info.file.name)
-    _check_layer_indices(inv, int(inv.config["num_hidden_layers"]))
+    _check_layer_indices(inv, int(inv.config.get("num_hidden_layers") or 0))
     return model_type
+
+
+def _architecture_shapes(config: dict[str, Any], where: str,
+                         model_type: str) -> dict[str, tuple[int, ...]]:
+    """The architecture file's own layout when it declares one, else the llama family's."""
+    module = get_model_module(model_type)
+    if not hasattr(module, "expected_shapes"):
+        return expected_shapes(config, where, model_type)
+    try:
+        return module.expected_shapes(config)
+    except ValueError as exc:
+        raise CreateError(str(exc), where) from exc
 
 
 def _check_layer_indices(inv: Inventory, layers: int) -> None:
