@@ -229,6 +229,7 @@ def _mixer_shapes(config: dict[str, Any], kind: str) -> dict[str, tuple[int, ...
     inner, kernel = heads * dim, _positive(config, "conv_kernel", 4)
     conv = inner + 2 * groups * state
     bias = {"conv1d.bias": (conv,)} if config.get("use_conv_bias", True) else {}
-    return bias | {"in_proj.weight": (inner + conv + heads, hidden), "conv1d.weight": (conv, 1, kernel),
-            "A_log": (heads,), "D": (heads,), "dt_bias": (heads,), "norm.weight": (inner,),
-            "out_proj.weight": (hidden, inner)}
+    return bias | {"in_proj.weight": (inner + conv + heads, hidden),
+                   "conv1d.weight": (conv, 1, kernel), "A_log": (heads,), "D": (heads,),
+                   "dt_bias": (heads,), "norm.weight": (inner,),
+                   "out_proj.weight": (hidden, inner)}
