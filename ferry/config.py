@@ -110,6 +110,8 @@ class Settings:
     aws_endpoint_url: str | None = None
     # transfers: a private CA bundle for registries (SSL_CERT_FILE), as OpenSSL reads it
     ssl_cert_file: str = ""
+    # runners: bytes of cache snapshots the prefix-cache trie keeps between requests
+    prefix_cache_bytes: int = 1 << 30
 
     @property
     def base_url(self) -> str:
@@ -158,6 +160,7 @@ class Settings:
             github_token=env.get("GITHUB_TOKEN") or None,
             aws_endpoint_url=env.get("AWS_ENDPOINT_URL") or None,
             ssl_cert_file=env.get("SSL_CERT_FILE", ""),
+            prefix_cache_bytes=_int(env, "FERRY_PREFIX_CACHE_BYTES", 1 << 30),
         )
 
     def with_(self, **changes: object) -> Settings:

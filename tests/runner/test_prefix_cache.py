@@ -10,6 +10,7 @@ import time
 import httpx
 import mlx.core as mx
 import mlx_models
+import pytest
 from conftest import serve_app
 
 from runner.generate import Done, Generator
@@ -175,3 +176,19 @@ def test_a_prefill_cancelled_halfway_leaves_a_cache_the_next_request_can_trust(t
     assert again.prompt_cached == 8  # the two chunks that ran
     cold_tokens, _ = _turn(_generator(tiny), prompt)
     assert again_tokens == cold_tokens
+
+
+def test_the_budget_comes_from_ferry_prefix_cache_bytes(model_store, created_model):
+    from ferry.config import ConfigError, Settings
+
+    settings = Settings.from_env({"FERRY_PREFIX_CACHE_BYTES": "123456"})
+    assert Settings.from_env({}).prefix_cache_bytes == 1 << 30
+    with pytest.raises(ConfigError, match="FERRY_PREFIX_CACHE_BYTES"):
+        Settings.from_env({"FERRY_PREFIX_CACHE_BYTES": "lots"})
+    app = build_app(model_store, created_model("llama"), "float32",
+                    prefix_cache_bytes=settings.prefix_cache_bytes)
+    with serve_app(app) as url:
+        _wait_ready(url)
+        _complete(url, [{"role": "user", "content": "hello there"}])
+        status = httpx.get(f"{url}/v1/status").json()["prefix_cache"]
+    assert status["budget"] == 123456 and 0 < status["bytes"] <= 123456
