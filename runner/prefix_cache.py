@@ -29,6 +29,7 @@ lands at its end, and a match ending inside one resumes at its start.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,7 @@ class PrefixCache:
         self._clock = itertools.count(1)
         self._bytes = 0  # running totals: /v1/status reads them from another thread
         self._count = 0
+        self.events: Counter[str] = Counter()  # splits, merges, evictions: for tests and status
 
     def __len__(self) -> int:
         return self._count
@@ -281,6 +283,7 @@ class PrefixCache:
         """Split `node` at absolute `offset`; returns the head (the tail keeps the children and
         the checkpoint, which is valid at its end)."""
         cut = offset - node.start
+        self.events["split"] += 1
         assert 0 < cut < len(node.tokens) and node.parent is not None
         head = Node(node.tokens[:cut], node.start, node.parent, last_used=node.last_used)
         head.kv = [(k[..., :cut, :], v[..., :cut, :]) for k, v in node.kv]
@@ -294,6 +297,7 @@ class PrefixCache:
     def _merge_into_child(self, node: Node) -> None:
         """Join a one-child node with its child, which keeps its own (newer) checkpoint."""
         (child,) = node.children.values()
+        self.events["merge"] += 1
         parent = node.parent
         assert parent is not None
         self._bytes -= node.nbytes() + child.nbytes()
@@ -339,6 +343,7 @@ class PrefixCache:
                 victim, self.frontier = self.frontier, self.root  # alone over the budget
             if victim is None:
                 return
+            self.events["evict"] += 1
             if victim.children:
                 self._merge_into_child(victim)
             else:
