@@ -202,3 +202,22 @@ def test_random_conversations_under_tight_budgets_match_cold_runs(model, seed):
     events = driver.cache.events
     assert hits >= 8 and events["split"] >= 10 and events["evict"] >= 10, (hits, events)
     assert events["merge"] >= 3, events
+
+
+def test_a_second_long_request_peaks_no_higher_than_the_first_plus_the_stored_bytes(model):
+    rng = random.Random(4)
+    driver = Driver(model, 1 << 40, chunk=256)
+    first = _words(rng, 1500)
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    _, answer, _ = driver.request(first, answer=8)
+    first_peak = mx.get_peak_memory() - base
+    stored = driver.cache.nbytes
+    for second in (first + answer + _words(rng, 20), _words(rng, 1500)):
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        base = mx.get_active_memory()
+        driver.request(second, answer=8)
+        assert mx.get_peak_memory() - base <= first_peak + stored, (first_peak, stored)
+        stored = driver.cache.nbytes
