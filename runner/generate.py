@@ -160,7 +160,7 @@ class Generator:
         finally:
             self.release()
 
-    def _new_caches(self) -> list[Cache]:
+    def make_caches(self) -> list[Cache]:
         """The target's caches, then the draft's. A draft needs a target whose caches all
         rewind (speculation discards rejected proposals), else it is not used."""
         target = new_caches(self.model)
@@ -190,7 +190,7 @@ class Generator:
     def _run(self, prompt: list[int], options: Options, budget: int,
              cancelled: Callable[[], bool], spans: Sequence[Span]) -> Iterator[str | Done]:
         started = time.perf_counter_ns()
-        match = self.prefix_cache.begin(prompt, self._new_caches, spans)
+        match = self.prefix_cache.begin(prompt, self.make_caches, spans)
         self.prefill(match, cancelled)
         target, draft = match.caches[:self.target_layers], match.caches[self.target_layers:]
         sampler = Sampler(options)

@@ -60,7 +60,7 @@ def test_reused_cache_gives_the_logits_of_a_cold_forward(tiny):
     generator = _generator(tiny)
     answer, _ = _turn(generator, PROMPT)
     prompt = PROMPT + answer[:10] + [44, 45]
-    match = generator.prefix_cache.begin(prompt, generator._new_caches)
+    match = generator.prefix_cache.begin(prompt, generator.make_caches)
     assert match.length == len(PROMPT) + 10
     warm = loaded.model(mx.array(prompt[match.length:])[None], match.caches)[0, -1]
     cold = loaded.model(mx.array(prompt)[None], [KVCache() for _ in loaded.model.layers])[0, -1]

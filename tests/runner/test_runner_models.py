@@ -9,7 +9,10 @@ from runner.models import ARCHITECTURES, get_model_module
 
 CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
-          "unknown_key_from_a_newer_transformers": True}
+          "unknown_key_from_a_newer_transformers": True,
+          # nemotron_h's (the others ignore them): one Mamba2 layer, one attention layer
+          "hybrid_override_pattern": "M*", "mamba_num_heads": 4, "mamba_head_dim": 16,
+          "ssm_state_size": 8}
 
 
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))

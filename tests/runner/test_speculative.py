@@ -186,7 +186,7 @@ def test_a_second_turn_reuses_target_and_draft_caches(loaded_self):
     warm = Generator(loaded.model, tokenizer, loaded.context_length, draft=loaded.draft)
     list(warm.generate(PROMPT, options))
     second = PROMPT + warm.tokens + [5, 77, 901]
-    match = warm.prefix_cache.begin(second, warm._new_caches)
+    match = warm.prefix_cache.begin(second, warm.make_caches)
     draft = match.caches[warm.target_layers:]
     assert draft and draft[0].offset >= len(PROMPT) + 20
     *_, done = warm.generate(second, options)
