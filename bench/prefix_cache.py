@@ -137,12 +137,15 @@ def main() -> None:
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--budget", type=int, default=64 << 20)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--only", choices=["chat", "speed"], default=None)
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ferry-bench-prefix-"))
     checkpoint = fixture(workdir)
     loaded, tokenizer = loaded_model(workdir, checkpoint)
-    chat(loaded, tokenizer, args)
-    speed(loaded, tokenizer, checkpoint, args)
+    if args.only != "speed":
+        chat(loaded, tokenizer, args)
+    if args.only != "chat":
+        speed(loaded, tokenizer, checkpoint, args)
 
 
 if __name__ == "__main__":
