@@ -57,10 +57,12 @@ class ModelArgs:
     conv_kernel: int = 4
     n_groups: int = 1
     head_dim: int | None = None
+    attention_head_dim: int | None = None  # older configs' name for head_dim
     layer_norm_epsilon: float = 1e-5
     attention_bias: bool = False
     mlp_bias: bool = False
-    mamba_proj_bias: bool = False
+    mamba_proj_bias: bool | None = None  # older configs: use_bias
+    use_bias: bool = False
     use_conv_bias: bool = True
     time_step_limit: tuple[float, float] | None = None
     max_position_embeddings: int = 4096
@@ -77,7 +79,10 @@ class ModelArgs:
             {"hybrid_override_pattern": self.hybrid_override_pattern,
              "layers_block_type": self.layers_block_type})
         if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
+            self.head_dim = (self.attention_head_dim
+                             or self.hidden_size // self.num_attention_heads)
+        if self.mamba_proj_bias is None:
+            self.mamba_proj_bias = self.use_bias
         limit = self.time_step_limit or (0.0, float("inf"))
         self.time_step_limit = (float(limit[0]), float(limit[1]))
 
@@ -125,7 +130,7 @@ def _mixer(args: ModelArgs, kind: str) -> nn.Module:
         return Mamba2Mixer(args.hidden_size, args.mamba_num_heads, args.mamba_head_dim,
                            args.n_groups, args.ssm_state_size, args.conv_kernel,
                            args.layer_norm_epsilon, args.time_step_limit,
-                           args.mamba_proj_bias, args.use_conv_bias)
+                           bool(args.mamba_proj_bias), args.use_conv_bias)
     return Attention(args) if kind == "*" else MLP(args)
 
 
@@ -194,7 +199,8 @@ def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
 
 
 def _positive(config: dict[str, Any], key: str, default: int | None = None) -> int:
-    value = config.get(key, default)
+    value = config.get(key)
+    value = default if value is None else value
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{key} must be a positive integer, got {value!r}")
     return value
@@ -214,6 +220,18 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 
 def _mixer_shapes(config: dict[str, Any], kind: str) -> dict[str, tuple[int, ...]]:
+    """A mixer's weights and, where the config turns them on, their biases."""
+    shapes = _mixer_weights(config, kind)
+    key = {"-": "mlp_bias", "*": "attention_bias"}.get(kind)
+    on = bool(config.get(key)) if key else bool(config.get("mamba_proj_bias",
+                                                             config.get("use_bias")))
+    if on:
+        projections = [k for k in shapes if k.endswith("proj.weight")]
+        shapes |= {k.replace(".weight", ".bias"): shapes[k][:1] for k in projections}
+    return shapes
+
+
+def _mixer_weights(config: dict[str, Any], kind: str) -> dict[str, tuple[int, ...]]:
     hidden = _positive(config, "hidden_size")
     if kind == "-":
         inter = _positive(config, "intermediate_size")
@@ -221,7 +239,8 @@ def _mixer_shapes(config: dict[str, Any], kind: str) -> dict[str, tuple[int, ...
     if kind == "*":
         heads = _positive(config, "num_attention_heads")
         kv = _positive(config, "num_key_value_heads", heads)
-        dim = _positive(config, "head_dim", hidden // heads)
+        dim = _positive(config, "head_dim",
+                        config.get("attention_head_dim") or hidden // heads)
         return {"q_proj.weight": (heads * dim, hidden), "k_proj.weight": (kv * dim, hidden),
                 "v_proj.weight": (kv * dim, hidden), "o_proj.weight": (hidden, heads * dim)}
     heads, dim = _positive(config, "mamba_num_heads"), _positive(config, "mamba_head_dim")

@@ -22,7 +22,7 @@ from registry.names import Name
 from registry.safetensors_header import read_header
 from registry.store import Store
 from runner.generate import Generator
-from runner.load import load_model
+from runner.load import build_model, load_model
 from runner.nn import ssm
 from runner.quant import parse_quant_type
 from runner.sample import Options
@@ -79,6 +79,24 @@ def test_greedy_tokens_identical_to_mlx_lm(store, reference):
     assert pieces[-1].eval_count == 32
     expected = [int(t) for t, _ in generate_step(mx.array(PROMPT), reference, max_tokens=32)]
     assert generator.tokens == expected
+
+
+def test_biases_and_older_config_names_match_mlx_lm(tmp_path, make_checkpoint):
+    biased = write_nemotron_checkpoint(tmp_path / "biased", make_checkpoint(), seed=5,
+                                       mamba_proj_bias=True, attention_bias=True, mlp_bias=True,
+                                       hybrid_override_pattern="M*-")
+    reference, _ = mlx_lm.load(str(biased))
+    reference.set_dtype(mx.float32)
+    config = json.loads((biased / "config.json").read_text())
+    del config["mamba_proj_bias"]  # older configs: use_bias, attention_head_dim
+    config["use_bias"], config["attention_head_dim"] = True, config.pop("head_dim")
+    model, module = build_model(config)
+    weights = {k: v.astype(mx.float32) for k, v in mx.load(str(biased / "model.safetensors"))
+               .items()}
+    assert "backbone.layers.0.mixer.in_proj.bias" in weights
+    model.load_weights(list(module.sanitize(weights).items()), strict=True)
+    tokens = mx.array([PROMPT[:40]])
+    assert mx.abs(model(tokens) - reference(tokens)).max().item() <= 1e-3
 
 
 def test_scan_and_single_step_recurrence_agree():
