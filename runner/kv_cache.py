@@ -110,7 +110,9 @@ class RecurrentCache:
         return sum(a.nbytes for a in self.state)
 
     def snapshot(self) -> tuple[mx.array | None, mx.array | None, int]:
-        return self.conv, self.ssm, self.offset
+        """The state as it is; copied, because the conv history is a view of the last call's
+        whole input, which a kept snapshot would otherwise keep alive."""
+        return _copied(self.conv), _copied(self.ssm), self.offset
 
     def restore(self, snapshot: tuple[mx.array | None, mx.array | None, int]) -> None:
         self.conv, self.ssm, self.offset = snapshot
@@ -148,13 +150,24 @@ class SlidingWindowCache:
         return sum(a.nbytes for a in self.state)
 
     def snapshot(self) -> tuple[mx.array | None, mx.array | None, int]:
-        return self.keys, self.values, self.offset
+        """Copied, as `RecurrentCache.snapshot`: the kept keys are a view of the last call's."""
+        return _copied(self.keys), _copied(self.values), self.offset
 
     def restore(self, snapshot: tuple[mx.array | None, mx.array | None, int]) -> None:
         self.keys, self.values, self.offset = snapshot
 
 
 Cache = KVCache | RecurrentCache | SlidingWindowCache
+
+
+def _copied(array: mx.array | None) -> mx.array | None:
+    """A copy that owns its memory (a slice shares, and keeps alive, its source's buffer),
+    evaluated now: a lazy copy would keep its source alive until first read."""
+    if array is None:
+        return None
+    copy = mx.contiguous(array)
+    mx.eval(copy)
+    return copy
 
 
 def new_caches(model: object) -> list[Cache]:

@@ -21,6 +21,12 @@ the KV parts are joined and the consumed arrays released), so a rewind to a merg
 resumes at the newest surviving checkpoint before it. Nodes without a checkpoint that have one
 child are merged on `close` as well: they record nothing a longer edge does not.
 
+Memory: what `nbytes` reports is what the trie holds. Every array a node keeps owns its buffer:
+an edge's KV is copied out of the live cache at `close` (which then frees with the request),
+split halves are copies, checkpoints are copies; all evaluated when taken, since a lazy copy
+keeps its source alive. Nodes refer to their parents, so a dropped subtree waits for Python's
+cycle collector; evicted leaves and merged nodes are freed at once.
+
 Spans: ranges of prompt positions that must be evaluated in one forward (a media item's tokens
 attend to each other both ways). No prefill chunk ends inside one, a capture scheduled inside one
 lands at its end, and a match ending inside one resumes at its start.
@@ -286,8 +292,10 @@ class PrefixCache:
         self.events["split"] += 1
         assert 0 < cut < len(node.tokens) and node.parent is not None
         head = Node(node.tokens[:cut], node.start, node.parent, last_used=node.last_used)
-        head.kv = [(k[..., :cut, :], v[..., :cut, :]) for k, v in node.kv]
-        node.kv = [(k[..., cut:, :], v[..., cut:, :]) for k, v in node.kv]
+        parts, node.kv = node.kv, []
+        head.kv = [_copy((k[..., :cut, :], v[..., :cut, :])) for k, v in parts]
+        node.kv = [_copy((k[..., cut:, :], v[..., cut:, :])) for k, v in parts]
+        del parts  # the unsplit arrays go now; either half may be evicted alone later
         node.parent.children[head.tokens[0]] = head
         node.tokens, node.start, node.parent = node.tokens[cut:], offset, head
         head.children[node.tokens[0]] = node
@@ -373,8 +381,11 @@ def _span_end(offset: int, spans: Sequence[Span]) -> int:
 
 
 def _copy(part: KVPart) -> KVPart:
-    """An edge's KV copied out of the live buffer, so the buffer is freed with the request."""
-    return mx.contiguous(part[0]), mx.contiguous(part[1])
+    """KV positions copied out of a larger buffer (the live cache, a node being split), and
+    evaluated now: a view, or a lazy copy, would keep the whole buffer alive."""
+    copy = mx.contiguous(part[0]), mx.contiguous(part[1])
+    mx.eval(copy)
+    return copy
 
 
 def _state_bytes(state: list[Any]) -> int:

@@ -221,3 +221,16 @@ def test_a_second_long_request_peaks_no_higher_than_the_first_plus_the_stored_by
         driver.request(second, answer=8)
         assert mx.get_peak_memory() - base <= first_peak + stored, (first_peak, stored)
         stored = driver.cache.nbytes
+
+
+def test_the_bytes_reported_are_the_bytes_held(model):
+    rng = random.Random(5)
+    driver = Driver(model, 1 << 40, chunk=512)
+    mx.eval(model.parameters())
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    for _ in range(3):
+        driver.request(_words(rng, 1000), answer=4)  # branches of long prompts, checkpoints
+    mx.clear_cache()
+    held = mx.get_active_memory() - before
+    assert driver.cache.nbytes <= held <= driver.cache.nbytes * 1.1 + (1 << 16)
