@@ -7,8 +7,7 @@ in steps keeps decode from reallocating the whole history every token.
 
 Rewinding (speculative decoding, the prefix cache) only moves the offset: slots past it are
 overwritten by the next write. `part` hands out positions [a, b) as views of the buffer (the
-prefix cache keeps them once a request is done with the cache; a request gets fresh caches, so
-no later write reaches them) and `load` starts a cache from such parts.
+prefix cache copies out what it keeps) and `load` starts a cache from such parts.
 
 Layers that cannot rewind keep whole states instead: `RecurrentCache` (Mamba2's conv and SSM
 state) and `SlidingWindowCache` (only the last `window` positions). A snapshot of either is valid
