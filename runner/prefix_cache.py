@@ -100,7 +100,12 @@ class Match:
     def capture(self, offset: int) -> None:
         """Checkpoint the whole-state layers if a capture is due at `offset`."""
         if offset in self.captures:
-            self.taken[offset] = [c.snapshot() for c in self.caches if not c.rewindable]
+            self.taken[offset] = snapshots(self.caches)
+
+
+def snapshots(caches: Sequence[Cache]) -> list[Any]:
+    """Whole-state snapshots of the layers that cannot rewind, in layer order."""
+    return [c.snapshot() for c in caches if not c.rewindable]  # type: ignore[union-attr]
 
 
 def _outside_spans(stop: int, spans: Sequence[Span], floor: int) -> int:
@@ -235,7 +240,7 @@ class PrefixCache:
         mx.eval([c.state for c in caches])
         leaf = self._insert(tokens[:length], caches)
         checkpoints = dict(match.taken)
-        checkpoints[length] = [c.snapshot() for c in caches if not c.rewindable]
+        checkpoints[length] = snapshots(caches)
         for offset, state in sorted(checkpoints.items()):
             if 0 < offset <= length:
                 self._checkpoint(tokens[:offset], state)
