@@ -151,6 +151,11 @@ class PrefixCache:
             yield node
             stack.extend(node.children.values())
 
+    def resize(self, budget_bytes: int) -> None:
+        """A new budget, enforced at once."""
+        self.budget_bytes = budget_bytes
+        self._evict()
+
     def clear(self) -> None:
         self.root = self.frontier = Node((), 0, state=[])
         self._bytes = self._count = 0

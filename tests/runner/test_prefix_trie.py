@@ -140,6 +140,23 @@ def test_a_response_that_is_a_prefix_of_a_stored_one_lands_on_the_split_head(mod
     assert match.length == end
 
 
+def test_rewinding_to_a_merged_away_turn_resumes_at_the_newest_checkpoint_before_it(model):
+    rng = random.Random(6)
+    driver = Driver(model, 1 << 40)
+    prompt = _words(rng, 20)
+    for _ in range(3):
+        answer, _ = driver.check(prompt)
+        prompt = prompt + answer + _words(rng, 5)
+    ends = sorted(n.end for n in driver.cache.nodes())
+    driver.cache.resize(driver.cache.nbytes - 1)  # one eviction: the deepest non-frontier node
+    assert driver.cache.events["merge"] == 1
+    survivors = sorted(n.end for n in driver.cache.nodes())
+    (gone,) = set(ends) - set(survivors)
+    rewind = prompt[:gone + 2] + _words(rng, 3)  # diverges just past the merged-away point
+    _, match = driver.check(rewind)
+    assert match.length == max(e for e in survivors if e < gone)
+
+
 @pytest.mark.parametrize("pattern", ["M*W-M*", "*-*"])
 def test_a_match_ending_inside_a_span_resumes_at_its_start(pattern):
     model = HybridModel(pattern)
