@@ -131,6 +131,8 @@ class Settings:
     registry_audit_log: str = ""  # a file, or "-" for stderr; "": stderr with auth, else none
     tls_cert: str = ""  # PEM certificate chain: both servers speak https when set
     tls_key: str = ""
+    # runners: bytes of cache snapshots the prefix-cache trie keeps between requests
+    prefix_cache_bytes: int = 1 << 30
 
     @property
     def base_url(self) -> str:
@@ -187,6 +189,7 @@ class Settings:
             registry_audit_log=env.get("FERRY_REGISTRY_AUDIT_LOG", "").strip(),
             tls_cert=env.get("FERRY_TLS_CERT", "").strip(),
             tls_key=env.get("FERRY_TLS_KEY", "").strip(),
+            prefix_cache_bytes=_int(env, "FERRY_PREFIX_CACHE_BYTES", 1 << 30),
         )
 
     def with_(self, **changes: object) -> Settings:

@@ -19,14 +19,14 @@ computed before (a chat's next turn) reuses them and only the rest is evaluated,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from runner.kv_cache import KVCache
-from runner.prefix_cache import Match, PrefixCache
+from runner.kv_cache import Cache, new_caches
+from runner.prefix_cache import Match, PrefixCache, Span
 from runner.readback import token_id
 from runner.sample import Options, Sampler
 from runner.speculative import DepthControl, DraftStats, Speculator
@@ -127,6 +127,7 @@ class Generator:
         self.draft = draft
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.depth_control = DepthControl()  # learned across requests, as in Ollama
+        self.target_layers = len(new_caches(model))
         self._emission: Emission | None = None
 
     @property
@@ -146,59 +147,72 @@ class Generator:
 
     def generate(self, prompt: list[int], options: Options,
                  cancelled: Callable[[], bool] = lambda: False,
-                 truncate: bool = True) -> Iterator[str | Done]:
+                 truncate: bool = True, spans: Sequence[Span] = ()) -> Iterator[str | Done]:
+        """`spans`: [start, end) prompt ranges evaluated in one forward (non-causal media)."""
         num_ctx = self.num_ctx(options)
-        prompt = fit_prompt(prompt, num_ctx, truncate)
-        budget = num_ctx - len(prompt)
+        fitted = fit_prompt(prompt, num_ctx, truncate)
+        cut = len(prompt) - len(fitted)
+        spans = [(a - cut, b - cut) for a, b in spans if a >= cut]
+        budget = num_ctx - len(fitted)
         if options.num_predict >= 0:
             budget = min(budget, options.num_predict)
         try:
-            yield from self._run(prompt, options, budget, cancelled)
+            yield from self._run(fitted, options, budget, cancelled, spans)
         finally:
             self.release()
 
-    def _prefill(self, model: nn.Module, tokens: list[int], cache: list[KVCache],
-                 cancelled: Callable[[], bool]) -> None:
-        for start in range(0, len(tokens), self.prefill_chunk):
+    def make_caches(self) -> list[Cache]:
+        """The target's caches, then the draft's. A draft needs a target whose caches all
+        rewind (speculation discards rejected proposals), else it is not used."""
+        target = new_caches(self.model)
+        drafting = self.draft is not None and all(c.rewindable for c in target)
+        return target + (new_caches(self.draft) if drafting else [])
+
+    def prefill(self, match: Match, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Evaluate the prompt but its last token into `match.caches` (target and draft), in
+        chunks that stop at the prefix cache's captures and never split a span."""
+        models = [(self.model, match.caches[:self.target_layers])]
+        if len(match.caches) > self.target_layers and self.draft is not None:
+            models.append((self.draft, match.caches[self.target_layers:]))
+        for start, stop in match.chunks(len(match.prompt) - 1, self.prefill_chunk):
             if cancelled():
                 return
-            chunk = mx.array(tokens[start:start + self.prefill_chunk])[None]
-            model(chunk, cache)  # logits unused: only the cache is evaluated
-            mx.eval([c.state for c in cache])
+            chunk = mx.array(match.prompt[start:stop])[None]
+            inside = [(a - start, b - start) for a, b in match.spans if start <= a and b <= stop]
+            for model, caches in models:
+                if inside:
+                    model(chunk, caches, spans=inside)
+                else:
+                    model(chunk, caches)  # logits unused: only the cache is evaluated
+            mx.eval([c.state for c in match.caches])
+            match.capture(stop)
             self.release()
 
-    def _caches(self, prompt: list[int], cancelled: Callable[[], bool]) -> Match:
-        """Caches holding all of the prompt but its last token: reused, then prefilled."""
-        draft_layers = len(self.draft.layers) if self.draft is not None else None
-        match = self.prefix_cache.lookup(prompt, len(self.model.layers), draft_layers)
-        self._prefill(self.model, prompt[match.length:-1], match.target, cancelled)
-        if self.draft is not None and match.draft is not None:
-            self._prefill(self.draft, prompt[match.draft[0].offset:-1], match.draft, cancelled)
-        return match
-
     def _run(self, prompt: list[int], options: Options, budget: int,
-             cancelled: Callable[[], bool]) -> Iterator[str | Done]:
+             cancelled: Callable[[], bool], spans: Sequence[Span]) -> Iterator[str | Done]:
         started = time.perf_counter_ns()
-        match = self._caches(prompt, cancelled)
+        match = self.prefix_cache.begin(prompt, self.make_caches, spans)
+        self.prefill(match, cancelled)
+        target, draft = match.caches[:self.target_layers], match.caches[self.target_layers:]
         sampler = Sampler(options)
         speculator = None
-        if self.draft is not None and match.draft is not None and not sampler.uses_history:
-            speculator = Speculator(self.model, self.draft, match.target, match.draft, options,
-                                    self.depth_control)
+        if draft and self.draft is not None and not sampler.uses_history:
+            speculator = Speculator(self.model, self.draft, target, draft,  # type: ignore[arg-type]
+                                    options, self.depth_control)
             rounds = speculator.rounds(prompt, budget, cancelled)
         else:
-            rounds = self._plain_rounds(prompt, match.target, sampler, budget, cancelled)
+            rounds = self._plain_rounds(prompt, target, sampler, budget, cancelled)
         emission = self._emission = Emission(self.tokenizer, options,
                                              ReleasePolicy(self.release))
         yield from emission.run(rounds)
-        self.prefix_cache.record(prompt + emission.read, match.target, match.draft)
+        self.prefix_cache.close(prompt + emission.read, match)
         ended = time.perf_counter_ns()
         first_at = emission.first_at or ended
         yield Done(emission.reason, len(prompt) - match.length, first_at - started,
                    emission.count, ended - first_at, match.length,
                    speculator.stats if speculator is not None else None)
 
-    def _plain_rounds(self, prompt: list[int], cache: list[KVCache], sampler: Sampler,
+    def _plain_rounds(self, prompt: list[int], cache: list[Cache], sampler: Sampler,
                       budget: int, cancelled: Callable[[], bool]) -> Iterator[list[int]]:
         """One token per round, pipelined: token n+1's graph is queued before n is read."""
         window = sampler.options.repeat_last_n

@@ -1,45 +1,381 @@
-"""KV caches kept across requests, found by the longest shared token prefix (reference 3.4).
+"""Caches kept across requests in a compressed token trie (reference 3.4).
 
-A chat's next turn re-sends the whole conversation: its prompt is the previous prompt, the
-answer and a new message. Each finished request leaves its caches here (target and, with a
-draft, the draft's) keyed by the tokens they hold; the next request copies the longest matching
-prefix out instead of prefilling it again. This is the "last K sequences" form of Ollama's trie:
-an entry whose tokens are a prefix of a newer one is dropped as redundant, so one conversation
-keeps one entry, and sequences that diverge keep one each until the byte budget evicts the least
-recently used.
+A chat's next turn re-sends the whole conversation, so each request starts where an earlier one
+went. Every node holds an edge of tokens with the KV parts that cover that edge exactly (one per
+rewindable layer, `KVCache`) and, optionally, a whole-state checkpoint of every layer that cannot
+rewind (`RecurrentCache`, `SlidingWindowCache`), valid only at the node's end.
 
-A full match is backed off by one token: the decode loop needs the logits of the prompt's last
-token, so at least one token is always evaluated.
+`begin` walks the longest match, backs off one token (the decode loop needs the last prompt
+token's logits) and out of any non-causal span it would end inside, then resumes at the newest
+checkpoint at or before that point (anywhere, for a model without whole-state layers: the node is
+split there, the head stays on the path and is touched, the unused tail can be evicted). What lies
+between the resume point and the match is prefilled again, and a checkpoint is captured at the
+match (and at the prompt's end), so the next request resumes there. `close` inserts what the
+request computed, splitting an edge where it diverges or ends (a response that is a prefix of a
+stored one lands on the split-off head, which takes the checkpoints it lacks), then evicts.
+
+Eviction keeps the bytes under the budget: least recently used first, then deepest, then largest;
+the root, the frontier (where the last request ended) and branch points are never picked. A leaf
+is dropped; a node with one child is merged into it (the child keeps its own, newer, checkpoint;
+the KV parts are joined and the consumed arrays released), so a rewind to a merged-away turn
+resumes at the newest surviving checkpoint before it. Nodes without a checkpoint that have one
+child are merged on `close` as well: they record nothing a longer edge does not.
+
+Memory: what `nbytes` reports is what the trie holds. Every array a node keeps owns its buffer:
+an edge's KV is copied out of the live cache at `close` (which then frees with the request),
+split halves are copies, checkpoints are copies; all evaluated when taken, since a lazy copy
+keeps its source alive. Nodes refer to their parents, so a dropped subtree waits for Python's
+cycle collector; evicted leaves and merged nodes are freed at once.
+
+Spans: ranges of prompt positions that must be evaluated in one forward (a media item's tokens
+attend to each other both ways). No prefill chunk ends inside one, a capture scheduled inside one
+lands at its end, and a match ending inside one resumes at its start.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from runner.kv_cache import KVCache
+import mlx.core as mx
+
+from runner.kv_cache import Cache
 
 DEFAULT_BUDGET_BYTES = 1 << 30  # the most cache bytes kept between requests
+Span = tuple[int, int]  # [start, end) prompt positions evaluated in one forward
+KVPart = tuple[mx.array, mx.array]
 
 
-@dataclass
-class Entry:
+@dataclass(eq=False)
+class Node:
     tokens: tuple[int, ...]
-    target: list[KVCache]
-    draft: list[KVCache] | None
-    nbytes: int = 0  # fixed once recorded: an entry's caches are never written again
+    start: int
+    parent: Node | None = None
+    children: dict[int, Node] = field(default_factory=dict)
+    kv: list[KVPart] = field(default_factory=list)  # per rewindable layer, [start, end)
+    state: list[Any] | None = None  # per whole-state layer, valid at `end`
+    last_used: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        return self.start
+
+    def nbytes(self) -> int:
+        arrays = [a for part in self.kv for a in part]
+        arrays += [a for s in self.state or [] for a in s if isinstance(a, mx.array)]
+        return sum(a.nbytes for a in arrays)
 
 
 @dataclass
 class Match:
-    """Caches ready for a request: `length` prompt tokens already in the target cache."""
+    """Caches for one request holding `length` prompt tokens; `captures` are the offsets at
+    which the prefill stops to checkpoint the whole-state layers."""
 
     length: int
-    target: list[KVCache]
-    draft: list[KVCache] | None
+    caches: list[Cache]
+    prompt: list[int]
+    spans: tuple[Span, ...] = ()
+    captures: list[int] = field(default_factory=list)
+    taken: dict[int, list[Any]] = field(default_factory=dict)
+
+    def chunks(self, end: int, size: int) -> Iterator[tuple[int, int]]:
+        """[start, stop) prefill chunks from `length` to `end`: at most `size` tokens unless a
+        span needs more, stopping at each capture, never ending inside a span."""
+        start = self.length
+        stops = sorted({c for c in self.captures if start < c < end} | {end})
+        while start < end:
+            stop = min(start + size, stops[0])
+            stop = _outside_spans(stop, self.spans, start)
+            yield start, stop
+            start = stop
+            stops = [s for s in stops if s > start] or [end]
+
+    def capture(self, offset: int) -> None:
+        """Checkpoint the whole-state layers if a capture is due at `offset`."""
+        if offset in self.captures:
+            self.taken[offset] = snapshots(self.caches)
 
 
-def common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+def snapshots(caches: Sequence[Cache]) -> list[Any]:
+    """Whole-state snapshots of the layers that cannot rewind, in layer order."""
+    return [c.snapshot() for c in caches if not c.rewindable]  # type: ignore[union-attr]
+
+
+def _outside_spans(stop: int, spans: Sequence[Span], floor: int) -> int:
+    """`stop` moved out of any span it falls strictly inside: back to the span's start when
+    that is past `floor`, else on to its end."""
+    for start, end in spans:
+        if start < stop < end:
+            return start if start > floor else end
+    return stop
+
+
+def span_start(offset: int, spans: Sequence[Span]) -> int:
+    for start, end in spans:
+        if start < offset < end:
+            return start
+    return offset
+
+
+class PrefixCache:
+    """The trie, its byte budget and the request protocol (`begin` ... `close`)."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+        self.budget_bytes = budget_bytes
+        self.root = Node((), 0, state=[])
+        self.frontier: Node = self.root
+        self._clock = itertools.count(1)
+        self._bytes = 0  # running totals: /v1/status reads them from another thread
+        self._count = 0
+        self.events: Counter[str] = Counter()  # splits, merges, evictions: for tests and status
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def nodes(self) -> Iterator[Node]:
+        """Every node but the root."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def resize(self, budget_bytes: int) -> None:
+        """A new budget, enforced at once."""
+        self.budget_bytes = budget_bytes
+        self._evict()
+
+    def clear(self) -> None:
+        self.root = self.frontier = Node((), 0, state=[])
+        self._bytes = self._count = 0
+
+    # -- begin -------------------------------------------------------------------------------
+    def begin(self, prompt: list[int], make_caches: Callable[[], list[Cache]],
+              spans: Sequence[Span] = ()) -> Match:
+        """Caches for `prompt` holding the longest reusable prefix; at least the prompt's last
+        token is left to evaluate."""
+        caches = make_caches()
+        spans = tuple(sorted(spans))
+        path, matched = self._walk(prompt)
+        target = span_start(min(matched, len(prompt) - 1), spans)
+        whole = [c for c in caches if not c.rewindable]
+        if not whole and target > 0:
+            path = self._split_path(path, target)
+        resume = self._resume_point(path, target, bool(whole))
+        self._load(caches, path, resume)
+        captures = sorted({c for c in (target, len(prompt) - 1) if c > resume})
+        captures = sorted({_span_end(c, spans) for c in captures})
+        return Match(resume, caches, list(prompt), spans, captures if whole else [])
+
+    def _walk(self, tokens: Sequence[int]) -> tuple[list[Node], int]:
+        """Nodes along the longest match (the last possibly matched only in part) and its
+        length."""
+        node, pos, path = self.root, 0, []
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            shared = _common(child.tokens, tokens[pos:])
+            path.append(child)
+            pos += shared
+            if shared < len(child.tokens):
+                break
+            node = child
+        return path, pos
+
+    def _split_path(self, path: list[Node], offset: int) -> list[Node]:
+        """Cut the path at `offset`, splitting the node it falls inside (KV-only models)."""
+        kept = [n for n in path if n.start < offset]
+        if kept and kept[-1].end > offset:
+            kept[-1] = self._split(kept[-1], offset)
+        return kept
+
+    def _resume_point(self, path: list[Node], target: int, whole: bool) -> int:
+        """The furthest offset <= target the caches can be put at, touching what it uses."""
+        resume = 0
+        for node in path:
+            if node.end > target:
+                break
+            if not whole or node.state is not None:
+                resume = node.end
+        if not whole:
+            resume = min(target, path[-1].end) if path else 0
+        tick = next(self._clock)
+        for node in path:
+            if node.start < resume:
+                node.last_used = tick
+        return resume
+
+    def _load(self, caches: list[Cache], path: list[Node], resume: int) -> None:
+        if resume == 0:
+            return
+        used = [n for n in path if n.end <= resume]
+        kv = [c for c in caches if c.rewindable]
+        for i, cache in enumerate(kv):
+            cache.load([n.kv[i] for n in used])  # type: ignore[union-attr]
+        whole = [c for c in caches if not c.rewindable]
+        for i, cache in enumerate(whole):
+            cache.restore(used[-1].state[i])  # type: ignore[index,union-attr]
+        mx.eval([c.state for c in caches])
+
+    # -- close -------------------------------------------------------------------------------
+    def close(self, tokens: list[int], match: Match) -> None:
+        """Keep what `match.caches` computed for `tokens` (prompt and answer); the caller hands
+        the caches over and must not write to them again."""
+        caches = match.caches
+        length = min(len(tokens), min((c.offset for c in caches), default=0))
+        if length <= 0:
+            return
+        for cache in caches:
+            if cache.rewindable:
+                cache.rewind(length)  # type: ignore[union-attr]
+            elif cache.offset != length:
+                return  # a whole-state layer ran ahead of the others: nothing is consistent
+        mx.eval([c.state for c in caches])
+        leaf = self._insert(tokens[:length], caches)
+        checkpoints = dict(match.taken)
+        checkpoints[length] = snapshots(caches)
+        for offset, state in sorted(checkpoints.items()):
+            if 0 < offset <= length:
+                self._checkpoint(tokens[:offset], state)
+        self.frontier = self._node_ending(tokens[:length]) or leaf
+        self._touch(self.frontier)
+        self._compact(self.frontier)
+        self._evict()
+
+    def _insert(self, tokens: list[int], caches: list[Cache]) -> Node:
+        node, pos = self.root, 0
+        kv = [c for c in caches if c.rewindable]
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                leaf = Node(tuple(tokens[pos:]), pos, node)
+                leaf.kv = [_copy(c.part(pos, len(tokens))) for c in kv]  # type: ignore[union-attr]
+                self._add(node, leaf)
+                return leaf
+            shared = _common(child.tokens, tokens[pos:])
+            if shared < len(child.tokens):
+                child = self._split(child, pos + shared)
+            node, pos = child, pos + shared
+        return node
+
+    def _checkpoint(self, tokens: list[int], state: list[Any]) -> None:
+        """Attach `state` (valid after `tokens`) to the node ending there, splitting an edge."""
+        path, matched = self._walk(tokens)
+        if matched < len(tokens) or not path:
+            return
+        node = path[-1]
+        if node.end > len(tokens):
+            node = self._split(node, len(tokens))
+        if node.state is None:
+            node.state = state
+            self._bytes += _state_bytes(state)
+
+    def _node_ending(self, tokens: list[int]) -> Node | None:
+        path, matched = self._walk(tokens)
+        if path and matched == len(tokens) and path[-1].end == len(tokens):
+            return path[-1]
+        return None
+
+    # -- structure ---------------------------------------------------------------------------
+    def _add(self, parent: Node, child: Node) -> None:
+        child.parent = parent
+        parent.children[child.tokens[0]] = child
+        self._bytes += child.nbytes()
+        self._count += 1
+
+    def _split(self, node: Node, offset: int) -> Node:
+        """Split `node` at absolute `offset`; returns the head (the tail keeps the children and
+        the checkpoint, which is valid at its end)."""
+        cut = offset - node.start
+        self.events["split"] += 1
+        assert 0 < cut < len(node.tokens) and node.parent is not None
+        head = Node(node.tokens[:cut], node.start, node.parent, last_used=node.last_used)
+        parts, node.kv = node.kv, []
+        head.kv = [_copy((k[..., :cut, :], v[..., :cut, :])) for k, v in parts]
+        node.kv = [_copy((k[..., cut:, :], v[..., cut:, :])) for k, v in parts]
+        del parts  # the unsplit arrays go now; either half may be evicted alone later
+        node.parent.children[head.tokens[0]] = head
+        node.tokens, node.start, node.parent = node.tokens[cut:], offset, head
+        head.children[node.tokens[0]] = node
+        self._count += 1
+        return head
+
+    def _merge_into_child(self, node: Node) -> None:
+        """Join a one-child node with its child, which keeps its own (newer) checkpoint."""
+        (child,) = node.children.values()
+        self.events["merge"] += 1
+        parent = node.parent
+        assert parent is not None
+        self._bytes -= node.nbytes() + child.nbytes()
+        kv = [(mx.concatenate([a[0], b[0]], axis=2), mx.concatenate([a[1], b[1]], axis=2))
+              for a, b in zip(node.kv, child.kv, strict=True)]
+        node.kv, child.kv = [], []
+        mx.eval(kv)
+        child.kv = kv
+        child.tokens, child.start, child.parent = node.tokens + child.tokens, node.start, parent
+        child.last_used = max(child.last_used, node.last_used)
+        parent.children[child.tokens[0]] = child
+        self._bytes += child.nbytes()
+        self._count -= 1
+
+    def _remove_leaf(self, node: Node) -> None:
+        assert node.parent is not None and not node.children
+        del node.parent.children[node.tokens[0]]
+        self._bytes -= node.nbytes()
+        self._count -= 1
+
+    def _touch(self, node: Node) -> None:
+        tick = next(self._clock)
+        current: Node | None = node
+        while current is not None and current is not self.root:
+            current.last_used = tick
+            current = current.parent
+
+    def _compact(self, node: Node) -> None:
+        """Merge the checkpoint-less one-child nodes along the path to `node` into their child.
+        For a model without whole-state layers every node qualifies (its KV can be cut
+        anywhere); for a hybrid one, only nodes that never got a checkpoint."""
+        current = node.parent
+        while current is not None and current is not self.root:
+            parent = current.parent
+            if len(current.children) == 1 and not current.state:
+                self._merge_into_child(current)
+            current = parent
+
+    def _evict(self) -> None:
+        while self._bytes > self.budget_bytes:
+            victim = self._victim()
+            if victim is None and self.frontier is not self.root and not self.frontier.children:
+                victim, self.frontier = self.frontier, self.root  # alone over the budget
+            if victim is None:
+                return
+            self.events["evict"] += 1
+            if victim.children:
+                self._merge_into_child(victim)
+            else:
+                self._remove_leaf(victim)
+
+    def _victim(self) -> Node | None:
+        candidates = [n for n in self.nodes()
+                      if n is not self.frontier and len(n.children) <= 1]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda n: (n.last_used, -n.depth, -n.nbytes()))
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -47,73 +383,20 @@ def common_prefix(a: tuple[int, ...], b: list[int]) -> int:
     return n
 
 
-class PrefixCache:
-    """Token sequences with the caches that computed them; LRU under `budget_bytes`."""
-
-    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
-        self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[int, Entry] = OrderedDict()
-        self._next_id = 0
-        self._bytes = 0  # kept as a running total: /v1/status reads it from another thread
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
-    def lookup(self, prompt: list[int], num_layers: int,
-               draft_layers: int | None) -> Match:
-        """Fresh caches for `prompt`, prefilled with the longest cached prefix (copied, so the
-        entry stays valid whatever this request does to them)."""
-        best_id, best = None, 0
-        for key, entry in self._entries.items():
-            shared = common_prefix(entry.tokens, prompt)
-            if shared > best:
-                best_id, best = key, shared
-        best = min(best, len(prompt) - 1)  # always evaluate at least the last token
-        if best_id is None or best <= 0:
-            return Match(0, _fresh(num_layers), _empty(draft_layers))
-        self._entries.move_to_end(best_id)
-        entry = self._entries[best_id]
-        target = [c.prefix_copy(best) for c in entry.target]
-        draft = _empty(draft_layers)
-        if draft_layers is not None and entry.draft is not None:
-            draft = [c.prefix_copy(best) for c in entry.draft]
-        return Match(best, target, draft)
-
-    def record(self, tokens: list[int], target: list[KVCache],
-               draft: list[KVCache] | None) -> None:
-        """Keep `target` (and `draft`), which hold the first `offset` of `tokens`; the caller
-        hands them over and must not write to them again."""
-        length = min(len(tokens), target[0].offset if target else 0)
-        if length <= 0:
-            return
-        key = tuple(tokens[:length])
-        for cache in target + (draft or []):
-            cache.rewind(length)
-        for old_id in [k for k, e in self._entries.items() if e.tokens == key[:len(e.tokens)]]:
-            self._bytes -= self._entries.pop(old_id).nbytes  # a prefix of the new entry
-        nbytes = sum(c.nbytes() for c in target + (draft or []))
-        self._entries[self._next_id] = Entry(key, target, draft, nbytes)
-        self._next_id += 1
-        self._bytes += nbytes
-        self._evict()
-
-    def _evict(self) -> None:
-        while self._entries and self._bytes > self.budget_bytes:
-            _, entry = self._entries.popitem(last=False)
-            self._bytes -= entry.nbytes
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._bytes = 0
+def _span_end(offset: int, spans: Sequence[Span]) -> int:
+    for start, end in spans:
+        if start < offset < end:
+            return end
+    return offset
 
 
-def _fresh(num_layers: int) -> list[KVCache]:
-    return [KVCache() for _ in range(num_layers)]
+def _copy(part: KVPart) -> KVPart:
+    """KV positions copied out of a larger buffer (the live cache, a node being split), and
+    evaluated now: a view, or a lazy copy, would keep the whole buffer alive."""
+    copy = mx.contiguous(part[0]), mx.contiguous(part[1])
+    mx.eval(copy)
+    return copy
 
 
-def _empty(num_layers: int | None) -> list[KVCache] | None:
-    return None if num_layers is None else _fresh(num_layers)
+def _state_bytes(state: list[Any]) -> int:
+    return sum(a.nbytes for s in state for a in s if isinstance(a, mx.array))

@@ -39,6 +39,7 @@ from runner.embed import Embedder, EmbedError, build_embedder, embedding_dimensi
 from runner.generate import ContextError, Done, Generator, fit_prompt
 from runner.go_template import TemplateError
 from runner.load import LoadedModel, load_model
+from runner.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from runner.sample import Options, OptionsError
 from runner.tokenizer import ModelTokenizer, PromptError
 
@@ -66,6 +67,7 @@ class RunnerState:
     name: str
     compute_setting: str
     release: Callable[[], None]
+    prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES
     status: str = "loading"
     progress: float = 0.0
     error: str | None = None
@@ -107,7 +109,8 @@ def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) 
         return
     if state.embedder is None:
         state.generator = Generator(loaded.model, tokenizer, loaded.context_length,
-                                    state.release, draft=loaded.draft)
+                                    state.release, draft=loaded.draft,
+                                    prefix_cache=PrefixCache(state.prefix_cache_bytes))
     state.status, state.progress = "ready", 1.0
     print(f"loaded {state.name} in {loaded.load_seconds:.1f}s: compute {loaded.compute}, "
           f"weights {loaded.weights_bytes} bytes, blas {blas_library()}", file=sys.stderr,
@@ -133,8 +136,9 @@ def prompt_text(tokenizer: ModelTokenizer, body: dict[str, Any]) -> str:
 
 def build_app(store: Store, name: str, compute: str = "auto",
               release: Callable[[], None] = mx.clear_cache,
-              on_fail: Callable[[str], None] | None = None) -> Starlette:
-    state = RunnerState(name, compute, release)
+              on_fail: Callable[[str], None] | None = None,
+              prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> Starlette:
+    state = RunnerState(name, compute, release, prefix_cache_bytes)
 
     def failed(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

@@ -64,7 +64,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = build_app(Store(settings.models_dir), args.model, settings.compute, on_fail=on_fail)
+    app = build_app(Store(settings.models_dir), args.model, settings.compute, on_fail=on_fail,
+                    prefix_cache_bytes=settings.prefix_cache_bytes)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level="warning", timeout_graceful_shutdown=2))
     if failure:

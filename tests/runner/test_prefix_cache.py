@@ -10,6 +10,7 @@ import time
 import httpx
 import mlx.core as mx
 import mlx_models
+import pytest
 from conftest import serve_app
 
 from runner.generate import Done, Generator
@@ -59,9 +60,9 @@ def test_reused_cache_gives_the_logits_of_a_cold_forward(tiny):
     generator = _generator(tiny)
     answer, _ = _turn(generator, PROMPT)
     prompt = PROMPT + answer[:10] + [44, 45]
-    match = generator.prefix_cache.lookup(prompt, len(loaded.model.layers), None)
+    match = generator.prefix_cache.begin(prompt, generator.make_caches)
     assert match.length == len(PROMPT) + 10
-    warm = loaded.model(mx.array(prompt[match.length:])[None], match.target)[0, -1]
+    warm = loaded.model(mx.array(prompt[match.length:])[None], match.caches)[0, -1]
     cold = loaded.model(mx.array(prompt)[None], [KVCache() for _ in loaded.model.layers])[0, -1]
     assert mx.allclose(warm, cold, atol=1e-4).item()
     assert mx.argmax(warm).item() == mx.argmax(cold).item()
@@ -77,36 +78,38 @@ def test_a_full_match_still_evaluates_the_last_prompt_token(tiny):
 
 def test_a_diverging_prompt_reuses_only_the_common_prefix(tiny):
     generator = _generator(tiny)
-    _turn(generator, PROMPT)
+    first, _ = _turn(generator, PROMPT)
     other = [*PROMPT[:5], 900, 901, 902, 903]
     other_tokens, done = _turn(generator, other)
     assert done.prompt_cached == 5 and done.prompt_eval_count == 4
     cold_tokens, _ = _turn(_generator(tiny), other)
     assert other_tokens == cold_tokens
-    assert len(generator.prefix_cache) == 2  # neither sequence is a prefix of the other
+    # the shared prefix and one branch per continuation
+    assert sorted(len(n.tokens) for n in generator.prefix_cache.nodes()) == sorted(
+        [5, len(other) - 5 + len(other_tokens) - 1, len(PROMPT) - 5 + len(first) - 1])
 
 
-def test_entries_that_a_newer_one_extends_are_dropped():
+def test_a_longer_sequence_extends_the_node_it_continues():
     cache = PrefixCache()
-    cache.record([1, 2, 3], _caches(3), None)
-    cache.record([1, 2, 3, 4, 5], _caches(5), None)
-    cache.record([1, 9], _caches(2), None)
-    assert len(cache) == 2
-    assert cache.lookup([1, 2, 3, 4, 5, 6], 2, None).length == 5
+    _store(cache, [1, 2, 3])
+    _store(cache, [1, 2, 3, 4, 5])
+    _store(cache, [1, 9])
+    assert sorted(n.tokens for n in cache.nodes()) == [(1,), (2, 3, 4, 5), (9,)]
+    assert cache.begin([1, 2, 3, 4, 5, 6], _fresh).length == 5
 
 
-def test_byte_budget_evicts_the_least_recently_used_entry():
-    one_entry = _caches(4)[0].nbytes() * 2
+def test_byte_budget_evicts_the_least_recently_used_sequence():
+    one_entry = _stored_bytes(4)
     cache = PrefixCache(budget_bytes=2 * one_entry)
-    cache.record([1, 2, 3, 4], _caches(4), None)
-    cache.record([5, 6, 7, 8], _caches(4), None)
-    assert cache.lookup([1, 2, 3, 4, 0], 2, None).length == 4  # touches the first
-    cache.record([9, 9, 9, 9], _caches(4), None)  # over budget: the second goes
+    _store(cache, [1, 2, 3, 4])
+    _store(cache, [5, 6, 7, 8])
+    assert cache.begin([1, 2, 3, 4, 0], _fresh).length == 4  # touches the first
+    _store(cache, [9, 9, 9, 9])  # over budget: the second goes
     assert len(cache) == 2 and cache.nbytes <= cache.budget_bytes
-    assert cache.lookup([5, 6, 7, 8, 0], 2, None).length == 0
-    assert cache.lookup([1, 2, 3, 4, 0], 2, None).length == 4
+    assert cache.begin([5, 6, 7, 8, 0], _fresh).length == 0
+    assert cache.begin([1, 2, 3, 4, 0], _fresh).length == 4
     tiny = PrefixCache(budget_bytes=one_entry // 2)
-    tiny.record([1, 2, 3, 4], _caches(4), None)
+    _store(tiny, [1, 2, 3, 4])
     assert len(tiny) == 0
 
 
@@ -131,11 +134,21 @@ def test_runner_reports_fewer_evaluated_tokens_on_the_second_turn(model_store, c
     assert second["prompt_eval_count"] < first["prompt_eval_count"] + 8
 
 
-def _caches(length: int) -> list[KVCache]:
-    caches = [KVCache(), KVCache()]
-    for cache in caches:
-        cache.update_and_fetch(mx.ones((1, 1, length, 8)), mx.ones((1, 1, length, 8)))
-    return caches
+def _fresh() -> list[KVCache]:
+    return [KVCache(), KVCache()]
+
+
+def _store(cache: PrefixCache, tokens: list[int]) -> None:
+    """What a request for `tokens` leaves behind (all of them in the caches)."""
+    match = cache.begin(tokens, _fresh)
+    for layer in match.caches:
+        new = len(tokens) - layer.offset
+        layer.update_and_fetch(mx.ones((1, 2, new, 8)), mx.ones((1, 2, new, 8)))
+    cache.close(tokens, match)
+
+
+def _stored_bytes(length: int) -> int:
+    return 2 * 2 * (2 * length * 8 * 4)  # layers x (keys, values) x float32 elements
 
 
 def _complete(url: str, messages: list[dict]) -> tuple[dict, str]:
@@ -163,3 +176,19 @@ def test_a_prefill_cancelled_halfway_leaves_a_cache_the_next_request_can_trust(t
     assert again.prompt_cached == 8  # the two chunks that ran
     cold_tokens, _ = _turn(_generator(tiny), prompt)
     assert again_tokens == cold_tokens
+
+
+def test_the_budget_comes_from_ferry_prefix_cache_bytes(model_store, created_model):
+    from ferry.config import ConfigError, Settings
+
+    settings = Settings.from_env({"FERRY_PREFIX_CACHE_BYTES": "123456"})
+    assert Settings.from_env({}).prefix_cache_bytes == 1 << 30
+    with pytest.raises(ConfigError, match="FERRY_PREFIX_CACHE_BYTES"):
+        Settings.from_env({"FERRY_PREFIX_CACHE_BYTES": "lots"})
+    app = build_app(model_store, created_model("llama"), "float32",
+                    prefix_cache_bytes=settings.prefix_cache_bytes)
+    with serve_app(app) as url:
+        _wait_ready(url)
+        _complete(url, [{"role": "user", "content": "hello there"}])
+        status = httpx.get(f"{url}/v1/status").json()["prefix_cache"]
+    assert status["budget"] == 123456 and 0 < status["bytes"] <= 123456

@@ -9,7 +9,10 @@ from runner.models import model_module, model_types, module_for_architecture
 
 CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
-          "unknown_key_from_a_newer_transformers": True}
+          "unknown_key_from_a_newer_transformers": True,
+          # nemotron_h's (the others ignore them): one Mamba2 layer, one attention layer
+          "hybrid_override_pattern": "M*", "mamba_num_heads": 4, "mamba_head_dim": 16,
+          "ssm_state_size": 8}
 
 
 def _generates(model_type: str) -> bool:
@@ -35,9 +38,9 @@ def test_every_architecture_file_is_found_by_its_model_type():
 def test_each_module_builds_from_config_ignoring_unknown_keys(model_type):
     module = model_module(model_type)
     args = module.ModelArgs.from_dict({**CONFIG, "model_type": model_type})
-    assert args.num_hidden_layers == 2
     shapes = module.tensor_shapes(args)
-    assert shapes["model.embed_tokens.weight"] == (100, 64)
+    embeddings = [shape for name, shape in shapes.items() if "embed" in name]
+    assert embeddings == [(100, 64)]  # the vocabulary by the hidden size, whatever its name
 
 
 @pytest.mark.parametrize("model_type", DECODERS)

@@ -138,11 +138,11 @@ def test_release_rule_holds_when_rounds_step_over_256(loaded_self):
     calls: list[int] = []
     generator = Generator(loaded.model, tokenizer, loaded.context_length, draft=loaded.draft,
                           release=lambda: calls.append(generator.generated), prefill_chunk=64)
-    prompt = (PROMPT * 20)[:200]  # 199 prefilled tokens: 4 chunks each, target and draft
+    prompt = (PROMPT * 20)[:200]  # 199 prefilled tokens: 4 chunks, target and draft together
     pieces = list(generator.generate(prompt, Options(temperature=0, num_predict=600)))
     assert pieces[-1].eval_count == 600
-    assert calls[:8] == [0] * 8
-    crossings = calls[8:-1]
+    assert calls[:4] == [0] * 4
+    crossings = calls[4:-1]
     assert len(crossings) == 2 and calls[-1] == 600
     assert 256 < crossings[0] <= 260 and 512 < crossings[1] <= 516  # 5-token rounds
 
@@ -194,11 +194,13 @@ def test_a_second_turn_reuses_target_and_draft_caches(loaded_self):
     warm = Generator(loaded.model, tokenizer, loaded.context_length, draft=loaded.draft)
     list(warm.generate(PROMPT, options))
     second = PROMPT + warm.tokens + [5, 77, 901]
-    match = warm.prefix_cache.lookup(second, len(loaded.model.layers), len(loaded.draft.layers))
-    assert match.draft is not None and match.draft[0].offset >= len(PROMPT) + 20
+    match = warm.prefix_cache.begin(second, warm.make_caches)
+    draft = match.caches[warm.target_layers:]
+    assert draft and draft[0].offset >= len(PROMPT) + 20
     *_, done = warm.generate(second, options)
     cold = Generator(loaded.model, tokenizer, loaded.context_length)
     list(cold.generate(second, options))
-    assert done.prompt_cached == len(PROMPT) + 23 and done.prompt_eval_count == 4
+    # one offset for target and draft layers in the trie: the draft's, one behind here
+    assert done.prompt_cached == len(PROMPT) + 22 and done.prompt_eval_count == 5
     assert warm.tokens == cold.tokens
     assert done.draft is not None and done.draft.accepted == done.draft.proposed > 0
