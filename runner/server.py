@@ -108,13 +108,14 @@ def _error(status: int, message: str) -> JSONResponse:
 def prompt_text(tokenizer: ModelTokenizer, body: dict[str, Any]) -> str:
     """The rendered prompt a completion request asks for (messages, or prompt/system/raw)."""
     if isinstance(body.get("messages"), list):
-        return tokenizer.render(body["messages"], tools=body.get("tools") or None)
+        return tokenizer.render(body["messages"], tools=body.get("tools") or None,
+                                think=body.get("think"))
     if isinstance(body.get("prompt"), str):
         if body.get("raw"):
             return body["prompt"]
         messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
         messages.append({"role": "user", "content": body["prompt"]})
-        return tokenizer.render(messages)
+        return tokenizer.render(messages, think=body.get("think"))
     raise PromptError("the request needs messages or a prompt")
 
 

@@ -1,8 +1,9 @@
 """One completion through the scheduler, shared by the Ollama and OpenAI routes.
 
-`run_completion` acquires a runner, streams its text pieces and ends with one `Stats`; a
-`format` makes it buffer each attempt and emit only JSON that validated (runner/json_format.py),
-and offered `tools` make it buffer the answer and emit the calls in it (runner/tool_calls.py).
+`run_completion` acquires a runner, streams its pieces and ends with one `Stats`; a
+`format` makes it buffer each attempt and emit only JSON that validated (server/json_format.py);
+otherwise the answer goes through server/output_parser.py, which splits reasoning (`Thinking`),
+text and tool calls (`Calls`, each as soon as it is complete) as they stream.
 `start_stream` pulls the first item before a response is chosen, so an error before any output
 (unknown model, failed load) is a plain HTTP error and one after it a final error line or event
 (reference 4.1).
@@ -18,8 +19,9 @@ from typing import Any
 
 from registry.names import Name
 from server.json_format import MAX_ATTEMPTS, JSONFormat
+from server.output_parser import Calls, OutputParser, Thinking, ThinkMode
 from server.scheduler import Lease, Scheduler
-from server.tool_calls import ToolCall, parse_tool_calls
+from server.tool_calls import ToolCall
 
 
 @dataclass
@@ -49,14 +51,7 @@ class Stats:
                 "eval_count": self.eval_count, "eval_duration": self.eval_duration}
 
 
-@dataclass(frozen=True)
-class Calls:
-    """The tool calls found in an answer (emitted after any remaining text)."""
-
-    calls: list[ToolCall]
-
-
-Item = str | Calls | Stats
+Item = str | Thinking | Calls | Stats
 
 
 @dataclass
@@ -70,6 +65,7 @@ class CompletionJob:
     fmt: JSONFormat | None
     started: float  # time.monotonic() when the request arrived
     tool_names: set[str] = field(default_factory=set)
+    think: ThinkMode = ThinkMode.OFF
 
 
 async def run_completion(job: CompletionJob) -> AsyncIterator[Item]:
@@ -78,11 +74,10 @@ async def run_completion(job: CompletionJob) -> AsyncIterator[Item]:
     try:
         stats = Stats(load_duration=int(lease.load_duration * 1e9))
         if job.fmt is not None:
-            pieces: AsyncIterator[str | Calls] = _constrained(lease, job.body, job.fmt, stats)
-        elif job.tool_names:
-            pieces = _with_tools(lease, job.body, job.tool_names, stats)
+            pieces: AsyncIterator[str | Thinking | Calls] = _constrained(
+                lease, job.body, job.fmt, stats)
         else:
-            pieces = _plain(lease, job.body, stats)
+            pieces = _parsed(lease, job, stats)
         async for piece in pieces:
             yield piece
         stats.total_duration = int((time.monotonic() - job.started) * 1e9)
@@ -99,15 +94,14 @@ async def _plain(lease: Lease, body: dict[str, Any], stats: Stats) -> AsyncItera
             yield str(message["content"])
 
 
-async def _with_tools(lease: Lease, body: dict[str, Any], names: set[str],
-                      stats: Stats) -> AsyncIterator[str | Calls]:
-    """Buffer the answer, since a call is only recognisable whole; then text, then calls."""
-    text = "".join([piece async for piece in _plain(lease, body, stats)])
-    content, calls = parse_tool_calls(text, names)
-    if content:
-        yield content
-    if calls:
-        yield Calls(calls)
+async def _parsed(lease: Lease, job: CompletionJob,
+                  stats: Stats) -> AsyncIterator[str | Thinking | Calls]:
+    parser = OutputParser(job.think, job.tool_names)
+    async for text in _plain(lease, job.body, stats):
+        for piece in parser.feed(text):
+            yield piece
+    for piece in parser.finish():
+        yield piece
 
 
 async def _constrained(lease: Lease, body: dict[str, Any], fmt: JSONFormat,
@@ -149,9 +143,19 @@ class ClientGone(Exception):
     """The client disconnected before a non-streaming answer was ready."""
 
 
+@dataclass
+class Answer:
+    """A whole completion, for non-streaming responses."""
+
+    text: str = ""
+    thinking: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+
+
 async def collect_while_connected(items: AsyncIterator[Item],
                                   is_disconnected: Callable[[], Awaitable[bool]],
-                                  poll: float = 0.25) -> tuple[str, list[ToolCall], Stats]:
+                                  poll: float = 0.25) -> Answer:
     """`collect`, but a client that goes away cancels the generation (and frees the runner)."""
     task = asyncio.ensure_future(collect(items))
     try:
@@ -167,14 +171,16 @@ async def collect_while_connected(items: AsyncIterator[Item],
             await asyncio.wait({task})
 
 
-async def collect(items: AsyncIterator[Item]) -> tuple[str, list[ToolCall], Stats]:
-    """The whole text, the tool calls and the final Stats, for non-streaming responses."""
-    text, calls, stats = "", [], Stats()
+async def collect(items: AsyncIterator[Item]) -> Answer:
+    """The whole text, reasoning, tool calls and the final Stats."""
+    answer = Answer()
     async for item in items:
         if isinstance(item, Stats):
-            stats = item
+            answer.stats = item
         elif isinstance(item, Calls):
-            calls += item.calls
+            answer.calls += item.calls
+        elif isinstance(item, Thinking):
+            answer.thinking += item.text
         else:
-            text += item
-    return text, calls, stats
+            answer.text += item
+    return answer

@@ -51,15 +51,14 @@ def test_ollama_chat_streamed_and_not_agree(client, served):
     assert "".join(c.message.content for c in chunks) == whole.message.content
 
 
-def test_an_answer_without_a_call_stays_text_when_tools_are_offered(client, served):
-    """The fixture's chat template ignores tools, so the answer must equal the plain one."""
+def test_tools_for_a_model_whose_template_has_no_tools_are_refused(client, served):
+    """The fixture's chat template ignores tools: Ollama answers 400, not a silent answer."""
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-    plain = client.chat(model=served.model, messages=QUESTION)
-    with_tools = client.chat(model=served.model, messages=QUESTION, tools=tools)
-    assert with_tools.done and not with_tools.message.tool_calls
-    assert with_tools.message.content == plain.message.content
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.chat(model=served.model, messages=QUESTION, tools=tools)
+    assert caught.value.status_code == 400 and "does not support tools" in caught.value.error
 
 
 def test_request_options_override_the_model_defaults(client, served):

@@ -91,37 +91,6 @@ def test_server_shutdown_reaps_its_runners(fake_server):
     assert runner_processes() == []
 
 
-WEATHER = [{"type": "function", "function": {
-    "name": "get_weather", "description": "weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-
-
-def test_tool_calls_in_the_answer_come_back_as_tool_calls(fake_server):
-    """The stand-in answers with a tagged call, which a random-weight model would never write."""
-    import ollama
-    import openai
-
-    question = [{"role": "user", "content": "weather in Paris?"}]
-    with fake_server() as url:
-        reply = ollama.Client(host=url).chat(model="me/tiny", messages=question, tools=WEATHER)
-        assert reply.message.content == "Let me check."
-        (call,) = reply.message.tool_calls
-        assert call.function.name == "get_weather" and call.function.arguments == {
-            "city": "Paris"}
-        chunks = list(ollama.Client(host=url).chat(model="me/tiny", messages=question,
-                                                   tools=WEATHER, stream=True))
-        assert [c.function.name for ch in chunks for c in ch.message.tool_calls or []] == [
-            "get_weather"]
-        api = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
-        done = api.chat.completions.create(model="me/tiny", messages=question, tools=WEATHER)
-        assert done.choices[0].finish_reason == "tool_calls"
-        assert json.loads(done.choices[0].message.tool_calls[0].function.arguments) == {
-            "city": "Paris"}
-        streamed = list(api.chat.completions.create(model="me/tiny", messages=question,
-                                                    tools=WEATHER, stream=True))
-        assert streamed[-1].choices[0].finish_reason == "tool_calls"
-
-
 @pytest.mark.parametrize("path", ["/api/generate", "/v1/chat/completions"])
 def test_a_client_that_gives_up_on_a_non_streaming_answer_stops_the_generation(
         fake_server, tmp_path, path):
