@@ -28,6 +28,8 @@ HELP = """Available Commands:
   /set system <text>             Set the system message
   /set parameter <name> <value>  Set an option, e.g. /set parameter temperature 0.2
   /set verbose | quiet           Show or hide timings after each answer
+  /set think [low|medium|high]   Let the model reason before it answers
+  /set nothink                   Ask the model not to reason
   /clear                         Clear session context
   /bye                           Exit
   /?, /help                      Help for a command
@@ -35,6 +37,7 @@ HELP = """Available Commands:
 Use \"\"\" to begin a multi-line message.
 """
 FOREVER = timedelta(days=365 * 100)
+LEVELS = ("low", "medium", "high")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,6 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--format", help='"json" or a JSON schema the answer must match')
     run.add_argument("--keepalive", help="how long the model stays loaded (5m, 1h, 0, -1)")
     run.add_argument("--verbose", action="store_true", help="print timings after each answer")
+    run.add_argument("--think", nargs="?", const="true", choices=["true", "false", *LEVELS],
+                     help="let a reasoning model think first (optionally: low, medium, high)")
+    run.add_argument("--hidethinking", action="store_true",
+                     help="reason, but print only the answer")
     run.add_argument("--insecure", action="store_true",
                      help="when pulling, allow a private registry over plain http")
     run.set_defaults(func=run_model)
@@ -69,6 +76,8 @@ class Chat:
         self.system: str | None = None
         self.options: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
+        self.think: bool | str | None = _think_value(args.think)
+        self.hide_thinking = bool(args.hidethinking)
         if args.keepalive is not None:
             self.extra["keep_alive"] = args.keepalive
         if args.format:
@@ -87,18 +96,58 @@ class Chat:
                 **self.extra}
         if self.options:
             body["options"] = self.options
-        answer, final = "", {}
+        if self.think is not None:
+            body["think"] = self.think
+        printer = AnswerPrinter(show_thinking=not self.hide_thinking)
+        final: dict[str, Any] = {}
         for event in self.client.stream("/api/chat", body):
-            piece = (event.get("message") or {}).get("content") or ""
-            answer += piece
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+            message = event.get("message") or {}
+            printer.thinking(message.get("thinking") or "")
+            printer.content(message.get("content") or "")
             if event.get("done"):
                 final = event
-        self.messages = [*request, {"role": "assistant", "content": answer}]
+        reply = {"role": "assistant", "content": printer.answer}
+        if printer.reasoning:
+            reply["thinking"] = printer.reasoning  # passed back, as Ollama does
+        self.messages = [*request, reply]
         if self.verbose:
             print_stats(final)
-        return answer
+        return printer.answer
+
+
+class AnswerPrinter:
+    """Writes a streamed answer: reasoning between Ollama's "Thinking..." and
+    "...done thinking." lines (unless hidden), then the answer text."""
+
+    def __init__(self, show_thinking: bool) -> None:
+        self.show_thinking = show_thinking
+        self.answer = ""
+        self.reasoning = ""
+
+    def _write(self, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def thinking(self, text: str) -> None:
+        if not text:
+            return
+        if self.show_thinking:
+            self._write(("Thinking...\n" if not self.reasoning else "") + text)
+        self.reasoning += text
+
+    def content(self, text: str) -> None:
+        if not text:
+            return
+        if self.reasoning and not self.answer and self.show_thinking:
+            self._write("\n...done thinking.\n\n")
+        self._write(text)
+        self.answer += text
+
+
+def _think_value(value: str | None) -> bool | str | None:
+    if value is None or value in LEVELS:
+        return value
+    return value == "true"
 
 
 def _parse_format(value: str) -> Any:
@@ -226,8 +275,15 @@ def set_command(chat: Chat, words: list[str]) -> None:
     elif what in ("verbose", "quiet"):
         chat.verbose = what == "verbose"
         print(f"Set '{what}' mode.")
+    elif what == "think" and rest in ("", *LEVELS):
+        chat.think = rest or True
+        print(f"Set 'think' mode{' to ' + rest if rest else ''}.")
+    elif what == "nothink":
+        chat.think = False
+        print("Set 'nothink' mode.")
     else:
-        print("Usage: /set system <text> | /set parameter <name> <value> | /set verbose|quiet")
+        print("Usage: /set system <text> | /set parameter <name> <value> | /set verbose|quiet"
+              " | /set think [level] | /set nothink")
 
 
 def _parameter_value(raw: str) -> Any:
