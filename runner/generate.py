@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from runner.constrain import TokenConstraint
 from runner.kv_cache import KVCache
 from runner.prefix_cache import Match, PrefixCache
 from runner.sample import Options, Sampler
@@ -145,14 +146,15 @@ class Generator:
 
     def generate(self, prompt: list[int], options: Options,
                  cancelled: Callable[[], bool] = lambda: False,
-                 truncate: bool = True) -> Iterator[str | Done]:
+                 truncate: bool = True,
+                 constraint: TokenConstraint | None = None) -> Iterator[str | Done]:
         num_ctx = self.num_ctx(options)
         prompt = fit_prompt(prompt, num_ctx, truncate)
         budget = num_ctx - len(prompt)
         if options.num_predict >= 0:
             budget = min(budget, options.num_predict)
         try:
-            yield from self._run(prompt, options, budget, cancelled)
+            yield from self._run(prompt, options, budget, cancelled, constraint)
         finally:
             self.release()
 
@@ -176,12 +178,16 @@ class Generator:
         return match
 
     def _run(self, prompt: list[int], options: Options, budget: int,
-             cancelled: Callable[[], bool]) -> Iterator[str | Done]:
+             cancelled: Callable[[], bool],
+             constraint: TokenConstraint | None = None) -> Iterator[str | Done]:
         started = time.perf_counter_ns()
         match = self._caches(prompt, cancelled)
         sampler = Sampler(options)
         speculator = None
-        if self.draft is not None and match.draft is not None and not sampler.uses_history:
+        if constraint is not None:
+            rounds = self._constrained_rounds(prompt, match.target, sampler, budget, cancelled,
+                                              constraint)
+        elif self.draft is not None and match.draft is not None and not sampler.uses_history:
             speculator = Speculator(self.model, self.draft, match.target, match.draft, options,
                                     self.depth_control)
             rounds = speculator.rounds(prompt, budget, cancelled)
@@ -227,6 +233,36 @@ class Generator:
                 mx.async_eval(following)
             yield [int(y.item())]
             y = following
+
+
+    def _constrained_rounds(self, prompt: list[int], cache: list[KVCache], sampler: Sampler,
+                            budget: int, cancelled: Callable[[], bool],
+                            constraint: TokenConstraint) -> Iterator[list[int]]:
+        """One token per round, pipelined like `_plain_rounds`: the forward pass for token n+1
+        is queued before token n is read back, and the grammar's mask for n+1 is computed on
+        the CPU while that pass runs (it only needs token n)."""
+        window = sampler.options.repeat_last_n
+        window = window if window > 0 else len(prompt) + budget
+        history = mx.array(prompt[-window:], dtype=mx.uint32) if sampler.uses_history else None
+
+        def forward(token: mx.array) -> mx.array:
+            logits = self.model(token.reshape(1, 1), cache)[0, -1]
+            mx.async_eval(logits)
+            return logits
+
+        logits = forward(mx.array(prompt[-1:], dtype=mx.uint32)) if budget > 0 else None
+        count = 0
+        while logits is not None and not cancelled():
+            allowed = constraint.allowed(logits.shape[-1])
+            masked = mx.where(allowed, logits.astype(mx.float32), -float("inf"))
+            y = sampler(masked, history).astype(mx.uint32)
+            if history is not None:
+                history = mx.concatenate([history, y[None]])[-window:]
+            count += 1
+            logits = forward(y) if count < budget else None
+            token = int(y.item())
+            constraint.accept(token)
+            yield [token]
 
 
 class Emission:

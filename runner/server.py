@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from registry.store import Store
+from runner.constrain import FormatError, GrammarCompiler, TokenConstraint
 from runner.generate import ContextError, Done, Generator, fit_prompt
 from runner.go_template import TemplateError
 from runner.load import LoadedModel, load_model
@@ -68,6 +69,7 @@ class RunnerState:
     loaded: LoadedModel | None = None
     tokenizer: ModelTokenizer | None = None
     generator: Generator | None = None
+    grammar: GrammarCompiler | None = None
     worker: Worker = field(default_factory=Worker)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -93,6 +95,7 @@ def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) 
         on_fail(state.error)
         return
     state.loaded, state.tokenizer = loaded, tokenizer
+    state.grammar = GrammarCompiler(tokenizer)
     state.generator = Generator(loaded.model, tokenizer, loaded.context_length, state.release,
                                 draft=loaded.draft)
     state.status, state.progress = "ready", 1.0
@@ -162,9 +165,11 @@ def build_app(store: Store, name: str, compute: str = "auto",
             tokens = state.tokenizer.encode(prompt_text(state.tokenizer, body))
             truncate = bool(body.get("truncate", True))
             fit_prompt(tokens, state.generator.num_ctx(options), truncate)
-        except (OptionsError, PromptError, TemplateError, ContextError, TypeError) as exc:
+            constraint = await _constraint(state, body.get("format"))
+        except (OptionsError, PromptError, TemplateError, ContextError, TypeError,
+                FormatError) as exc:
             return _error(400, str(exc))
-        job = _stream(state, tokens, options, truncate)
+        job = _stream(state, tokens, options, truncate, constraint)
         return StreamingResponse(job, media_type="application/x-ndjson")
 
     routes = [Route("/v1/status", status, methods=["GET"]),
@@ -184,6 +189,14 @@ def _prefix_cache_status(generator: Generator | None) -> dict[str, int]:
     return {"entries": len(cache), "bytes": cache.nbytes, "budget": cache.budget_bytes}
 
 
+async def _constraint(state: RunnerState, fmt: Any) -> TokenConstraint | None:
+    """The grammar for a `format` ("json" or a schema); built off the event loop, since the
+    first one converts the vocabulary."""
+    if fmt is None or fmt == "" or state.grammar is None:
+        return None
+    return await asyncio.to_thread(state.grammar.constraint, fmt)
+
+
 async def _json(request: Request) -> Any:
     try:
         return await request.json()
@@ -192,7 +205,8 @@ async def _json(request: Request) -> Any:
 
 
 async def _stream(state: RunnerState, tokens: list[int], options: Options,
-                  truncate: bool) -> AsyncIterator[bytes]:
+                  truncate: bool, constraint: TokenConstraint | None = None
+                  ) -> AsyncIterator[bytes]:
     """Run one generation on the worker; relay its pieces as NDJSON lines."""
     assert state.generator is not None
     generator = state.generator
@@ -206,7 +220,8 @@ async def _stream(state: RunnerState, tokens: list[int], options: Options,
 
         def job() -> None:
             try:
-                for item in generator.generate(tokens, options, cancel.is_set, truncate):
+                for item in generator.generate(tokens, options, cancel.is_set, truncate,
+                                               constraint):
                     put(item)
             except Exception as exc:  # reported to the client as the final line
                 log.exception("generation failed")

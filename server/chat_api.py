@@ -46,7 +46,7 @@ from server.completion import (
     start_stream,
 )
 from server.conversation import normalise_messages
-from server.json_format import JSONFormat, with_instruction
+from server.json_format import JSONFormat
 from server.scheduler import Scheduler
 from server.tool_calls import ToolCall, tool_names
 
@@ -179,6 +179,8 @@ def _generate_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
     """Raw prompts go verbatim; others render as [system?, seed messages..., user]."""
     out: dict[str, Any] = {"options": merge_options(model, body.get("options")),
                            "truncate": body.get("truncate", True) is not False}
+    if fmt is not None:
+        out["format"] = fmt.runner_value()
     if body.get("think") is not None:
         out["think"] = body["think"]
     if body.get("raw"):
@@ -186,8 +188,6 @@ def _generate_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
     system = body.get("system") or model.system
     messages = [{"role": "system", "content": system}] if system else []
     messages += [*model.messages, {"role": "user", "content": prompt}]
-    if fmt is not None:
-        messages = with_instruction(messages, fmt)
     return {**out, "messages": messages}
 
 
@@ -232,10 +232,10 @@ def chat_runner_body(model: ModelDefaults, messages: list[dict[str, Any]], optio
                      tools: Any, fmt: JSONFormat | None, truncate: bool,
                      think: Any = None) -> dict[str, Any]:
     """The runner's /v1/completions body for a conversation (also used by the OpenAI route)."""
-    if fmt is not None:
-        messages = with_instruction(messages, fmt)
     out: dict[str, Any] = {"messages": messages, "options": merge_options(model, options),
                            "truncate": truncate}
+    if fmt is not None:
+        out["format"] = fmt.runner_value()
     if think is not None:
         out["think"] = think
     if tools:

@@ -1,9 +1,9 @@
 """One completion through the scheduler, shared by the Ollama and OpenAI routes.
 
-`run_completion` acquires a runner, streams its pieces and ends with one `Stats`; a
-`format` makes it buffer each attempt and emit only JSON that validated (server/json_format.py);
-otherwise the answer goes through server/output_parser.py, which splits reasoning (`Thinking`),
-text and tool calls (`Calls`, each as soon as it is complete) as they stream.
+`run_completion` acquires a runner, streams its pieces and ends with one `Stats`. The answer
+goes through server/output_parser.py, which splits reasoning (`Thinking`), text and tool calls
+(`Calls`, each as soon as it is complete) as they stream; a `format` is enforced by the runner's
+grammar, so that answer is plain text.
 `start_stream` pulls the first item before a response is chosen, so an error before any output
 (unknown model, failed load) is a plain HTTP error and one after it a final error line or event
 (reference 4.1).
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry.names import Name
-from server.json_format import MAX_ATTEMPTS, JSONFormat
+from server.json_format import JSONFormat
 from server.output_parser import Calls, OutputParser, Thinking, ThinkMode
 from server.scheduler import Lease, Scheduler
 from server.tool_calls import ToolCall
@@ -73,12 +73,7 @@ async def run_completion(job: CompletionJob) -> AsyncIterator[Item]:
     lease = await job.scheduler.acquire(job.name, job.keep_alive)
     try:
         stats = Stats(load_duration=int(lease.load_duration * 1e9))
-        if job.fmt is not None:
-            pieces: AsyncIterator[str | Thinking | Calls] = _constrained(
-                lease, job.body, job.fmt, stats)
-        else:
-            pieces = _parsed(lease, job, stats)
-        async for piece in pieces:
+        async for piece in _parsed(lease, job, stats):
             yield piece
         stats.total_duration = int((time.monotonic() - job.started) * 1e9)
         yield stats
@@ -102,32 +97,6 @@ async def _parsed(lease: Lease, job: CompletionJob,
             yield piece
     for piece in parser.finish():
         yield piece
-
-
-async def _constrained(lease: Lease, body: dict[str, Any], fmt: JSONFormat,
-                       stats: Stats) -> AsyncIterator[str]:
-    """Buffer each attempt; yield the first answer that is valid for `fmt`, or raise."""
-    for attempt in range(MAX_ATTEMPTS):
-        request = _with_retry_seed(body, attempt)
-        text = ""
-        async for message in lease.complete(request):
-            if message.get("done"):
-                stats.add_runner_final(message)
-            else:
-                text += str(message.get("content") or "")
-        accepted = fmt.accept(text)
-        if accepted is not None:
-            yield accepted
-            return
-    raise fmt.failure()
-
-
-def _with_retry_seed(body: dict[str, Any], attempt: int) -> dict[str, Any]:
-    """A retry must sample differently: a fixed seed moves on by the attempt number."""
-    options = body.get("options") or {}
-    if attempt == 0 or "seed" not in options:
-        return body
-    return {**body, "options": {**options, "seed": int(options["seed"]) + attempt}}
 
 
 async def start_stream(items: AsyncIterator[Item]) -> tuple[Item | None, AsyncIterator[Item]]:
