@@ -35,10 +35,14 @@ class Stats:
     eval_duration: int = 0
     load_duration: int = 0
     total_duration: int = 0
+    prompt_cached: int = 0  # of prompt_eval_count, tokens reused from the runner's prefix cache
 
     def add_runner_final(self, message: dict[str, Any]) -> None:
+        """The runner counts evaluated tokens; Ollama reports the whole prompt, cached or not."""
         self.done_reason = str(message.get("done_reason") or "stop")
-        self.prompt_eval_count += int(message.get("prompt_eval_count") or 0)
+        cached = int(message.get("prompt_cached") or 0)
+        self.prompt_eval_count += int(message.get("prompt_eval_count") or 0) + cached
+        self.prompt_cached += cached
         self.prompt_eval_duration += int(message.get("prompt_eval_duration") or 0)
         self.eval_count += int(message.get("eval_count") or 0)
         self.eval_duration += int(message.get("eval_duration") or 0)
@@ -48,7 +52,8 @@ class Stats:
                 "load_duration": self.load_duration,
                 "prompt_eval_count": self.prompt_eval_count,
                 "prompt_eval_duration": self.prompt_eval_duration,
-                "eval_count": self.eval_count, "eval_duration": self.eval_duration}
+                "eval_count": self.eval_count, "eval_duration": self.eval_duration,
+                "prompt_cached_count": self.prompt_cached}
 
 
 Item = str | Thinking | Calls | Stats

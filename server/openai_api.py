@@ -156,9 +156,10 @@ def _finish(stats: Stats, calls: bool) -> str:
     return "tool_calls" if calls else FINISH.get(stats.done_reason, "stop")
 
 
-def _usage(stats: Stats) -> dict[str, int]:
+def _usage(stats: Stats) -> dict[str, Any]:
     return {"prompt_tokens": stats.prompt_eval_count, "completion_tokens": stats.eval_count,
-            "total_tokens": stats.prompt_eval_count + stats.eval_count}
+            "total_tokens": stats.prompt_eval_count + stats.eval_count,
+            "prompt_tokens_details": {"cached_tokens": stats.prompt_cached}}
 
 
 @openai_errors

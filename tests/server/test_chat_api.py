@@ -169,3 +169,18 @@ def test_keep_alive_zero_unloads_after_the_request(client, served):
     while httpx.get(f"{served.url}/api/ps").json()["models"]:
         assert time.monotonic() < deadline, "runner still loaded"
         time.sleep(0.1)
+
+
+def test_a_repeated_prompt_reports_its_whole_length_and_the_reuse_apart(served):
+    body = {"model": served.model, "prompt": "count every token of this prompt " * 4,
+            "stream": False, "options": {"num_predict": 2}}
+    first = httpx.post(f"{served.url}/api/generate", json=body, timeout=120).json()
+    again = httpx.post(f"{served.url}/api/generate", json=body, timeout=120).json()
+    assert again["prompt_eval_count"] == first["prompt_eval_count"] > 20
+    assert again["prompt_cached_count"] >= first["prompt_eval_count"] - 1
+    api = openai.OpenAI(base_url=f"{served.url}/v1", api_key="ferry", timeout=120)
+    messages = [{"role": "user", "content": body["prompt"]}]
+    usage = api.chat.completions.create(model=served.model, messages=messages,
+                                        max_tokens=2).usage
+    assert usage.prompt_tokens == first["prompt_eval_count"]
+    assert usage.prompt_tokens_details.cached_tokens > 20
