@@ -27,6 +27,7 @@ import mlx.nn as nn
 
 from runner.constrain import TokenConstraint
 from runner.kv_cache import KVCache
+from runner.logprobs import Logprob, LogprobSink
 from runner.prefix_cache import Match, PrefixCache
 from runner.sample import Options, Sampler
 from runner.speculative import DepthControl, DraftStats, Speculator
@@ -146,15 +147,18 @@ class Generator:
 
     def generate(self, prompt: list[int], options: Options,
                  cancelled: Callable[[], bool] = lambda: False,
-                 truncate: bool = True,
-                 constraint: TokenConstraint | None = None) -> Iterator[str | Done]:
+                 truncate: bool = True, constraint: TokenConstraint | None = None,
+                 logprobs: int | None = None) -> Iterator[str | Logprob | Done]:
+        """Text pieces, then Done; with `logprobs` (the number of alternatives, 0 for none)
+        each emitted token's Logprob comes before its text."""
         num_ctx = self.num_ctx(options)
         prompt = fit_prompt(prompt, num_ctx, truncate)
         budget = num_ctx - len(prompt)
         if options.num_predict >= 0:
             budget = min(budget, options.num_predict)
         try:
-            yield from self._run(prompt, options, budget, cancelled, constraint)
+            sink = LogprobSink(logprobs, self.tokenizer.decode) if logprobs is not None else None
+            yield from self._run(prompt, options, budget, cancelled, constraint, sink)
         finally:
             self.release()
 
@@ -178,23 +182,24 @@ class Generator:
         return match
 
     def _run(self, prompt: list[int], options: Options, budget: int,
-             cancelled: Callable[[], bool],
-             constraint: TokenConstraint | None = None) -> Iterator[str | Done]:
+             cancelled: Callable[[], bool], constraint: TokenConstraint | None = None,
+             sink: LogprobSink | None = None) -> Iterator[str | Logprob | Done]:
         started = time.perf_counter_ns()
         match = self._caches(prompt, cancelled)
         sampler = Sampler(options)
         speculator = None
         if constraint is not None:
             rounds = self._constrained_rounds(prompt, match.target, sampler, budget, cancelled,
-                                              constraint)
-        elif self.draft is not None and match.draft is not None and not sampler.uses_history:
+                                              constraint, sink)
+        elif (self.draft is not None and match.draft is not None and not sampler.uses_history
+              and sink is None):  # the draft steps aside when logprobs are asked for
             speculator = Speculator(self.model, self.draft, match.target, match.draft, options,
                                     self.depth_control)
             rounds = speculator.rounds(prompt, budget, cancelled)
         else:
-            rounds = self._plain_rounds(prompt, match.target, sampler, budget, cancelled)
+            rounds = self._plain_rounds(prompt, match.target, sampler, budget, cancelled, sink)
         emission = self._emission = Emission(self.tokenizer, options,
-                                             ReleasePolicy(self.release))
+                                             ReleasePolicy(self.release), sink)
         yield from emission.run(rounds)
         self.prefix_cache.record(prompt + emission.read, match.target, match.draft)
         ended = time.perf_counter_ns()
@@ -204,7 +209,8 @@ class Generator:
                    speculator.stats if speculator is not None else None)
 
     def _plain_rounds(self, prompt: list[int], cache: list[KVCache], sampler: Sampler,
-                      budget: int, cancelled: Callable[[], bool]) -> Iterator[list[int]]:
+                      budget: int, cancelled: Callable[[], bool],
+                      sink: LogprobSink | None = None) -> Iterator[list[int]]:
         """One token per round, pipelined: token n+1's graph is queued before n is read."""
         window = sampler.options.repeat_last_n
         window = window if window > 0 else len(prompt) + budget
@@ -216,6 +222,8 @@ class Generator:
             token = sampler(logits, history).astype(mx.uint32)
             if history is not None:
                 history = mx.concatenate([history, token[None]])[-window:]
+            if sink is not None:
+                sink.queue(logits, token)
             return token
 
         count = 0
@@ -231,13 +239,17 @@ class Generator:
             following = step(y[None]) if count < budget else None
             if following is not None:
                 mx.async_eval(following)
-            yield [int(y.item())]
+            token = int(y.item())
+            if sink is not None:
+                sink.read(token)
+            yield [token]
             y = following
 
 
     def _constrained_rounds(self, prompt: list[int], cache: list[KVCache], sampler: Sampler,
                             budget: int, cancelled: Callable[[], bool],
-                            constraint: TokenConstraint) -> Iterator[list[int]]:
+                            constraint: TokenConstraint,
+                            sink: LogprobSink | None = None) -> Iterator[list[int]]:
         """One token per round, pipelined like `_plain_rounds`: the forward pass for token n+1
         is queued before token n is read back, and the grammar's mask for n+1 is computed on
         the CPU while that pass runs (it only needs token n)."""
@@ -258,10 +270,14 @@ class Generator:
             y = sampler(masked, history).astype(mx.uint32)
             if history is not None:
                 history = mx.concatenate([history, y[None]])[-window:]
+            if sink is not None:
+                sink.queue(logits, y)
             count += 1
             logits = forward(y) if count < budget else None
             token = int(y.item())
             constraint.accept(token)
+            if sink is not None:
+                sink.read(token)
             yield [token]
 
 
@@ -269,14 +285,15 @@ class Emission:
     """Tokens -> text pieces: EOS, stop strings, counts and the release rule, per round."""
 
     def __init__(self, tokenizer: ModelTokenizer, options: Options,
-                 policy: ReleasePolicy) -> None:
+                 policy: ReleasePolicy, sink: LogprobSink | None = None) -> None:
         self.tokenizer = tokenizer
+        self.sink = sink
         self.detok, self.stops = tokenizer.detokenizer(), StopFilter(options.stop)
         self.policy = policy
         self.reason, self.count, self.first_at = "length", 0, 0
         self.read: list[int] = []  # every token read back, EOS included (it is in the cache)
 
-    def run(self, rounds: Iterator[list[int]]) -> Iterator[str]:
+    def run(self, rounds: Iterator[list[int]]) -> Iterator[str | Logprob]:
         for tokens in rounds:
             self.first_at = self.first_at or time.perf_counter_ns()
             before = self.count
@@ -292,13 +309,16 @@ class Emission:
         if self.reason == "stop_string":
             self.reason = "stop"
 
-    def _round(self, tokens: list[int]) -> Iterator[str]:
+    def _round(self, tokens: list[int]) -> Iterator[str | Logprob]:
         for token in tokens:
             self.read.append(token)
+            logprob = self.sink.pop() if self.sink is not None else None
             if token in self.tokenizer.eos_ids:
                 self.reason = "stop"
                 return
             self.count += 1
+            if logprob is not None:
+                yield logprob
             text, stopped = self.stops.feed(self.detok.add(token))
             if text:
                 yield text

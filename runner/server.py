@@ -36,6 +36,7 @@ from runner.constrain import FormatError, GrammarCompiler, TokenConstraint
 from runner.generate import ContextError, Done, Generator, fit_prompt
 from runner.go_template import TemplateError
 from runner.load import LoadedModel, load_model
+from runner.logprobs import MAX_TOP, Logprob
 from runner.sample import Options, OptionsError
 from runner.tokenizer import ModelTokenizer, PromptError
 
@@ -166,10 +167,11 @@ def build_app(store: Store, name: str, compute: str = "auto",
             truncate = bool(body.get("truncate", True))
             fit_prompt(tokens, state.generator.num_ctx(options), truncate)
             constraint = await _constraint(state, body.get("format"))
+            logprobs = _logprobs(body)
         except (OptionsError, PromptError, TemplateError, ContextError, TypeError,
                 FormatError) as exc:
             return _error(400, str(exc))
-        job = _stream(state, tokens, options, truncate, constraint)
+        job = _stream(state, tokens, options, truncate, constraint, logprobs)
         return StreamingResponse(job, media_type="application/x-ndjson")
 
     routes = [Route("/v1/status", status, methods=["GET"]),
@@ -189,6 +191,14 @@ def _prefix_cache_status(generator: Generator | None) -> dict[str, int]:
     return {"entries": len(cache), "bytes": cache.nbytes, "budget": cache.budget_bytes}
 
 
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """None when not asked for, else how many alternatives per token (0-20)."""
+    top = body.get("top_logprobs") or 0
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP:
+        raise OptionsError(f"top_logprobs must be an integer from 0 to {MAX_TOP}")
+    return top if body.get("logprobs") or top else None
+
+
 async def _constraint(state: RunnerState, fmt: Any) -> TokenConstraint | None:
     """The grammar for a `format` ("json" or a schema); built off the event loop, since the
     first one converts the vocabulary."""
@@ -205,8 +215,8 @@ async def _json(request: Request) -> Any:
 
 
 async def _stream(state: RunnerState, tokens: list[int], options: Options,
-                  truncate: bool, constraint: TokenConstraint | None = None
-                  ) -> AsyncIterator[bytes]:
+                  truncate: bool, constraint: TokenConstraint | None = None,
+                  logprobs: int | None = None) -> AsyncIterator[bytes]:
     """Run one generation on the worker; relay its pieces as NDJSON lines."""
     assert state.generator is not None
     generator = state.generator
@@ -221,7 +231,7 @@ async def _stream(state: RunnerState, tokens: list[int], options: Options,
         def job() -> None:
             try:
                 for item in generator.generate(tokens, options, cancel.is_set, truncate,
-                                               constraint):
+                                               constraint, logprobs):
                     put(item)
             except Exception as exc:  # reported to the client as the final line
                 log.exception("generation failed")
@@ -248,6 +258,8 @@ def _line(item: Any) -> bytes:
                    "prompt_cached": item.prompt_cached}
         if item.draft is not None:
             message.update(draft_proposed=item.draft.proposed, draft_accepted=item.draft.accepted)
+    elif isinstance(item, Logprob):
+        message = {"content": "", "logprobs": [item.to_json()], "done": False}
     else:
         message = {"content": item, "done": False}
     return (json.dumps(message) + "\n").encode()

@@ -26,6 +26,7 @@ from server.chat_request import (
     ModelDefaults,
     expires_iso,
     load_model_defaults,
+    logprob_fields,
     merge_options,
     now_iso,
     parse_keep_alive,
@@ -39,6 +40,7 @@ from server.completion import (
     ClientGone,
     CompletionJob,
     Item,
+    Logprobs,
     Stats,
     Thinking,
     collect_while_connected,
@@ -91,6 +93,8 @@ def _final(kind: str, model: str, stats: Stats, answer: Answer | None = None
     out = _piece(kind, model, answer.text, answer.calls, answer.thinking)
     out["done"] = True
     out.update(stats.ollama_fields())
+    if answer.logprobs is not None:
+        out["logprobs"] = answer.logprobs
     return out
 
 
@@ -117,10 +121,17 @@ async def _respond(request: Request, kind: str, model: str, job: CompletionJob,
     first, rest = await start_stream(items)
 
     async def body() -> AsyncIterator[bytes]:
+        pending: list[dict[str, Any]] = []  # logprobs ride on the next piece out
         try:
             item = first
             while item is not None:
-                yield _line(_event(kind, model, item))
+                if isinstance(item, Logprobs):
+                    pending += item.entries
+                else:
+                    event = _event(kind, model, item)
+                    if pending:
+                        event["logprobs"], pending = pending, []
+                    yield _line(event)
                 item = await anext(rest, None)
         except (FerryError, OSError) as exc:
             yield _line({"error": error_message(exc)})
@@ -167,7 +178,7 @@ async def generate(request: Request) -> Response:
         return await _load_or_unload(request, "response", model, shown, keep_alive)
     fmt = JSONFormat.parse(body.get("format"))
     think = think_mode(model, body.get("think"))
-    runner_body = _generate_body(model, body, prompt, fmt)
+    runner_body = {**_generate_body(model, body, prompt, fmt), **logprob_fields(body)}
     job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started,
                         think=think)
     return await _respond(request, "response", shown, job,
@@ -222,6 +233,7 @@ async def chat(request: Request) -> Response:
     think = think_mode(model, body.get("think"))
     runner_body = chat_runner_body(model, messages, body.get("options"), body.get("tools"),
                                    fmt, body.get("truncate", True) is not False, body.get("think"))
+    runner_body.update(logprob_fields(body))
     job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started,
                         tool_names(body.get("tools")), think)
     return await _respond(request, "message", shown, job,

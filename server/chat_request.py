@@ -144,8 +144,17 @@ def refuse_unsupported(model: ModelDefaults, body: dict[str, Any], has_images: b
         raise APIError(400, "image input is not supported by ferry's runner yet")
     if body.get("tools") and "tools" not in caps:
         raise APIError(400, f'"{shown}" does not support tools')
-    if body.get("logprobs"):
-        raise APIError(400, "logprobs are not supported by ferry's runner")
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int)
+                            or not 0 <= top <= 20):
+        raise APIError(400, "top_logprobs must be an integer from 0 to 20")
+
+
+def logprob_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The runner request's `logprobs`/`top_logprobs`, when the client asked for them."""
+    if not body.get("logprobs") and not body.get("top_logprobs"):
+        return {}
+    return {"logprobs": True, "top_logprobs": int(body.get("top_logprobs") or 0)}
 
 
 THINK_LEVELS = ("low", "medium", "high")

@@ -56,7 +56,14 @@ class Stats:
                 "prompt_cached_count": self.prompt_cached}
 
 
-Item = str | Thinking | Calls | Stats
+@dataclass(frozen=True)
+class Logprobs:
+    """Log-probabilities of the tokens generated since the last piece (Ollama's entries)."""
+
+    entries: list[dict[str, Any]]
+
+
+Item = str | Thinking | Calls | Logprobs | Stats
 
 
 @dataclass
@@ -86,18 +93,25 @@ async def run_completion(job: CompletionJob) -> AsyncIterator[Item]:
         lease.release()
 
 
-async def _plain(lease: Lease, body: dict[str, Any], stats: Stats) -> AsyncIterator[str]:
+async def _plain(lease: Lease, body: dict[str, Any],
+                 stats: Stats) -> AsyncIterator[str | Logprobs]:
     async for message in lease.complete(body):
         if message.get("done"):
             stats.add_runner_final(message)
-        elif message.get("content"):
+            continue
+        if message.get("logprobs"):
+            yield Logprobs(list(message["logprobs"]))
+        if message.get("content"):
             yield str(message["content"])
 
 
 async def _parsed(lease: Lease, job: CompletionJob,
-                  stats: Stats) -> AsyncIterator[str | Thinking | Calls]:
+                  stats: Stats) -> AsyncIterator[str | Thinking | Calls | Logprobs]:
     parser = OutputParser(job.think, job.tool_names)
     async for text in _plain(lease, job.body, stats):
+        if isinstance(text, Logprobs):
+            yield text
+            continue
         for piece in parser.feed(text):
             yield piece
     for piece in parser.finish():
@@ -125,6 +139,7 @@ class Answer:
     thinking: str = ""
     calls: list[ToolCall] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
+    logprobs: list[dict[str, Any]] | None = None
 
 
 async def collect_while_connected(items: AsyncIterator[Item],
@@ -155,6 +170,8 @@ async def collect(items: AsyncIterator[Item]) -> Answer:
             answer.calls += item.calls
         elif isinstance(item, Thinking):
             answer.thinking += item.text
+        elif isinstance(item, Logprobs):
+            answer.logprobs = (answer.logprobs or []) + item.entries
         else:
             answer.text += item
     return answer

@@ -24,6 +24,7 @@ from server.chat_api import chat_messages, chat_runner_body
 from server.chat_request import (
     THINK_LEVELS,
     load_model_defaults,
+    logprob_fields,
     parse_name,
     refuse_unsupported,
     think_mode,
@@ -33,6 +34,7 @@ from server.completion import (
     ClientGone,
     CompletionJob,
     Item,
+    Logprobs,
     Stats,
     Thinking,
     collect_while_connected,
@@ -170,11 +172,13 @@ async def chat_completions(request: Request) -> Response:
     name = parse_name(body.get("model"))
     model = await asyncio.to_thread(load_model_defaults, request.app.state.store, name)
     messages, has_images = chat_messages(model, _messages(body.get("messages")))
-    refuse_unsupported(model, {"tools": body.get("tools")}, has_images)
+    refuse_unsupported(model, {"tools": body.get("tools"),
+                               "top_logprobs": body.get("top_logprobs")}, has_images)
     fmt = _format(body)
     think = _think(body)
     runner_body = chat_runner_body(model, messages, _options(body), body.get("tools"), fmt, True,
                                    think)
+    runner_body.update(logprob_fields(body))
     job = CompletionJob(request.app.state.scheduler, name, runner_body, None, fmt, started,
                         tool_names(body.get("tools")), think_mode(model, think))
     base = {"id": f"chatcmpl-{secrets.token_hex(8)}", "created": int(time.time()),
@@ -191,7 +195,8 @@ async def chat_completions(request: Request) -> Response:
         if answer.calls:
             message["tool_calls"] = _tool_calls(answer.calls)
         choice = {"index": 0, "message": message,
-                  "finish_reason": _finish(answer.stats, bool(answer.calls))}
+                  "finish_reason": _finish(answer.stats, bool(answer.calls)),
+                  "logprobs": {"content": answer.logprobs} if answer.logprobs else None}
         return JSONResponse({**base, "object": "chat.completion", "choices": [choice],
                              "usage": _usage(answer.stats)})
     options = body.get("stream_options") or {}
@@ -208,10 +213,21 @@ async def _sse(base: dict[str, Any], first: Item | None, rest: AsyncIterator[Ite
         return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
 
     called = False
+    pending: list[dict[str, Any]] = []  # logprobs ride on the next delta out
+
+    def choice(delta: dict[str, Any]) -> dict[str, Any]:
+        nonlocal pending
+        out = {"index": 0, "delta": delta, "finish_reason": None}
+        if pending:
+            out["logprobs"], pending = {"content": pending}, []
+        return out
+
     try:
         item = first
         while item is not None:
-            if isinstance(item, Stats):
+            if isinstance(item, Logprobs):
+                pending += item.entries
+            elif isinstance(item, Stats):
                 finish = _finish(item, called)
                 yield event([{"index": 0, "delta": {}, "finish_reason": finish}])
                 if include_usage:
@@ -219,13 +235,12 @@ async def _sse(base: dict[str, Any], first: Item | None, rest: AsyncIterator[Ite
             elif isinstance(item, Calls):
                 called = True
                 delta = {"role": "assistant", "tool_calls": _tool_calls(item.calls)}
-                yield event([{"index": 0, "delta": delta, "finish_reason": None}])
+                yield event([choice(delta)])
             elif isinstance(item, Thinking):
-                delta = {"role": "assistant", "content": "", "reasoning": item.text}
-                yield event([{"index": 0, "delta": delta, "finish_reason": None}])
+                yield event([choice({"role": "assistant", "content": "",
+                                     "reasoning": item.text})])
             else:
-                delta = {"role": "assistant", "content": item}
-                yield event([{"index": 0, "delta": delta, "finish_reason": None}])
+                yield event([choice({"role": "assistant", "content": item})])
             item = await anext(rest, None)
     except (FerryError, OSError) as exc:
         error = {"error": {"message": error_message(exc), "type": "api_error"}}

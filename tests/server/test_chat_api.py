@@ -184,3 +184,30 @@ def test_a_repeated_prompt_reports_its_whole_length_and_the_reuse_apart(served):
                                         max_tokens=2).usage
     assert usage.prompt_tokens == first["prompt_eval_count"]
     assert usage.prompt_tokens_details.cached_tokens > 20
+
+
+def test_logprobs_come_per_token_streamed_or_whole(client, served):
+    whole = client.generate(model=served.model, prompt="hello there", logprobs=True,
+                            top_logprobs=3)
+    assert len(whole.logprobs) == whole.eval_count
+    for entry in whole.logprobs:  # greedy: the chosen token is the most likely one
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-4)
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[2].logprob
+    chunks = list(client.chat(model=served.model, messages=QUESTION, stream=True,
+                              logprobs=True))
+    streamed = [e for c in chunks for e in (c.logprobs or [])]
+    assert len(streamed) == chunks[-1].eval_count and len(chunks) > 2
+    assert all(not e.top_logprobs for e in streamed)
+
+
+def test_openai_logprobs_and_the_top_logprobs_limit(client, served):
+    api = openai.OpenAI(base_url=f"{served.url}/v1", api_key="ferry", timeout=120)
+    done = api.chat.completions.create(model=served.model, messages=QUESTION, logprobs=True,
+                                       top_logprobs=2)
+    content = done.choices[0].logprobs.content
+    assert len(content) == done.usage.completion_tokens
+    assert all(len(c.top_logprobs) == 2 for c in content)
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.generate(model=served.model, prompt="hi", logprobs=True, top_logprobs=21)
+    assert caught.value.status_code == 400 and "top_logprobs" in caught.value.error
