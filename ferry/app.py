@@ -14,7 +14,7 @@ from ferry.config import Settings
 from registry.errors import FerryError
 from registry.service.storage.base import BlobStore
 from registry.store import Store
-from server import chat_api, create_api, models_api, openai_api, transfer_api
+from server import chat_api, create_api, models_api, openai_api, openai_completions, transfer_api
 from server.api_errors import handle_ferry_error
 from server.scheduler import Scheduler
 
@@ -30,6 +30,7 @@ def build_model_server(settings: Settings) -> Starlette:
         *create_api.routes,
         *chat_api.routes,
         *openai_api.routes,
+        *openai_completions.routes,
     ]
     scheduler = Scheduler(settings, store)
 

@@ -34,7 +34,7 @@ from starlette.routing import Route
 from registry.store import Store
 from runner.constrain import FormatError, GrammarCompiler, TokenConstraint
 from runner.generate import ContextError, Done, Generator, fit_prompt
-from runner.go_template import TemplateError
+from runner.go_template import GoTemplate, TemplateError
 from runner.load import LoadedModel, load_model
 from runner.logprobs import MAX_TOP, Logprob
 from runner.sample import Options, OptionsError
@@ -111,15 +111,18 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def prompt_text(tokenizer: ModelTokenizer, body: dict[str, Any]) -> str:
     """The rendered prompt a completion request asks for (messages, or prompt/system/raw)."""
+    override = GoTemplate(body["template"]) if body.get("template") else None
+    suffix = str(body.get("suffix") or "")
     if isinstance(body.get("messages"), list):
         return tokenizer.render(body["messages"], tools=body.get("tools") or None,
-                                think=body.get("think"))
+                                think=body.get("think"), suffix=suffix, template=override)
     if isinstance(body.get("prompt"), str):
         if body.get("raw"):
             return body["prompt"]
         messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
         messages.append({"role": "user", "content": body["prompt"]})
-        return tokenizer.render(messages, think=body.get("think"))
+        return tokenizer.render(messages, think=body.get("think"), suffix=suffix,
+                                template=override)
     raise PromptError("the request needs messages or a prompt")
 
 

@@ -102,13 +102,16 @@ class ModelTokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
-               add_generation_prompt: bool = True, think: bool | str | None = None) -> str:
-        """The prompt text for a conversation: Modelfile TEMPLATE first, else HF template.
+               add_generation_prompt: bool = True, think: bool | str | None = None,
+               suffix: str = "", template: GoTemplate | None = None) -> str:
+        """The prompt text for a conversation: `template` (a request's override), else the
+        Modelfile TEMPLATE, else the HF template; `suffix` fills a Go template's `.Suffix`.
 
         `think` reaches Hugging Face templates as `enable_thinking` (Qwen3's switch) and, as a
         level, `reasoning_effort` (gpt-oss); unset, the template's own default stands."""
-        if self.go_template is not None:
-            return self.go_template.render(messages)
+        go_template = template or self.go_template
+        if go_template is not None:
+            return go_template.render(messages, suffix)
         if self.hf_template is None:
             return "".join(str(m.get("content") or "") for m in messages)
         extra: dict[str, Any] = {}

@@ -25,6 +25,7 @@ from server.api_errors import APIError, error_message, read_json
 from server.chat_request import (
     ModelDefaults,
     expires_iso,
+    fill_in_fields,
     load_model_defaults,
     logprob_fields,
     merge_options,
@@ -173,16 +174,23 @@ async def generate(request: Request) -> Response:
     if not isinstance(prompt, str):
         raise APIError(400, "prompt must be a string")
     refuse_unsupported(model, body, bool(body.get("images")))
-    _refuse_fields(body, "suffix", "template", "context")
+    _refuse_fields(body, "context")
     if not prompt:
         return await _load_or_unload(request, "response", model, shown, keep_alive)
     fmt = JSONFormat.parse(body.get("format"))
     think = think_mode(model, body.get("think"))
-    runner_body = {**_generate_body(model, body, prompt, fmt), **logprob_fields(body)}
+    runner_body = generate_runner_body(model, body, prompt, fmt)
     job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started,
                         think=think)
     return await _respond(request, "response", shown, job,
                           body.get("stream", True) is not False)
+
+
+def generate_runner_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
+                         fmt: JSONFormat | None) -> dict[str, Any]:
+    """The runner's body for a generate request (also used by /v1/completions)."""
+    return {**_generate_body(model, body, prompt, fmt), **logprob_fields(body),
+            **fill_in_fields(model, body)}
 
 
 def _generate_body(model: ModelDefaults, body: dict[str, Any], prompt: str,

@@ -191,3 +191,23 @@ def expires_iso(until: float | None) -> str:
     if until is None:
         return iso_time(datetime.now(UTC) + timedelta(days=365 * FOREVER_YEARS))
     return iso_time(datetime.fromtimestamp(until, UTC))
+
+
+def fill_in_fields(model: ModelDefaults, body: dict[str, Any]) -> dict[str, Any]:
+    """/api/generate's `template` override and `suffix` (fill-in-the-middle) for the runner.
+
+    A suffix needs a template that writes `.Suffix` (the `insert` capability), as in Ollama."""
+    out: dict[str, Any] = {}
+    template, suffix = body.get("template"), body.get("suffix")
+    if template is not None and not isinstance(template, str):
+        raise APIError(400, "template must be a string")
+    if suffix is not None and not isinstance(suffix, str):
+        raise APIError(400, "suffix must be a string")
+    if template:
+        out["template"] = template
+    if suffix:
+        caps = template_capabilities(template) if template else model.capabilities
+        if "insert" not in caps:
+            raise APIError(400, f'"{model.name.display_shortest()}" does not support insert')
+        out["suffix"] = suffix
+    return out

@@ -134,8 +134,9 @@ def create_scripted_model(store: object, name: str, checkpoint: Path,
 
 @contextlib.contextmanager
 def serve_scripted_models(home: Path, make_checkpoint: Callable[..., Path],
-                          models: dict[str, tuple[Sequence[str], str]]) -> Iterator[str]:
-    """A real model server whose store holds `models` ({name: (script, chat template)})."""
+                          models: dict[str, tuple]) -> Iterator[str]:
+    """A real model server whose store holds `models`:
+    {name: (script, chat template) or (script, chat template, Modelfile TEMPLATE)}."""
     from conftest import serve_app
 
     from ferry.app import build_model_server
@@ -146,8 +147,8 @@ def serve_scripted_models(home: Path, make_checkpoint: Callable[..., Path],
     store = Store(settings.models_dir)
     store.root.mkdir(parents=True, exist_ok=True)
     base = make_checkpoint("llama", "tiny", "float32")
-    for index, (name, (script, template)) in enumerate(models.items()):
+    for index, (name, (script, template, *modelfile)) in enumerate(models.items()):
         checkpoint = write_scripted_checkpoint(base, home / f"ckpt-{index}", script, template)
-        create_scripted_model(store, name, checkpoint)
+        create_scripted_model(store, name, checkpoint, template=next(iter(modelfile), None))
     with serve_app(build_model_server(settings)) as url:
         yield url
