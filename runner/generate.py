@@ -26,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from runner.constrain import TokenConstraint
-from runner.kv_cache import KVCache
+from runner.kv_cache import KVCache, make_cache
 from runner.logprobs import Logprob, LogprobSink
 from runner.prefix_cache import Match, PrefixCache
 from runner.sample import Options, Sampler
@@ -129,6 +129,8 @@ class Generator:
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.depth_control = DepthControl()  # learned across requests, as in Ollama
         self._emission: Emission | None = None
+        self._shift_to: tuple[int, int] | None = None  # (tokens to generate, num_ctx)
+        self.shifted = False  # whether the current (or last) request shifted its context
 
     @property
     def generated(self) -> int:
@@ -148,13 +150,21 @@ class Generator:
     def generate(self, prompt: list[int], options: Options,
                  cancelled: Callable[[], bool] = lambda: False,
                  truncate: bool = True, constraint: TokenConstraint | None = None,
-                 logprobs: int | None = None) -> Iterator[str | Logprob | Done]:
+                 logprobs: int | None = None, shift: bool = True
+                 ) -> Iterator[str | Logprob | Done]:
         """Text pieces, then Done; with `logprobs` (the number of alternatives, 0 for none)
-        each emitted token's Logprob comes before its text."""
+        each emitted token's Logprob comes before its text.
+
+        A `num_predict` beyond what the context holds shifts the context when it fills (as
+        Ollama: keep `num_keep` tokens, drop the older half of the rest) unless `shift` is off;
+        -1 generates until the context is full."""
         num_ctx = self.num_ctx(options)
         prompt = fit_prompt(prompt, num_ctx, truncate)
         budget = num_ctx - len(prompt)
+        self._shift_to = None
         if options.num_predict >= 0:
+            if shift and options.num_predict > budget and constraint is None:
+                self._shift_to = (options.num_predict, num_ctx)
             budget = min(budget, options.num_predict)
         try:
             sink = LogprobSink(logprobs, self.tokenizer.decode) if logprobs is not None else None
@@ -185,6 +195,7 @@ class Generator:
              cancelled: Callable[[], bool], constraint: TokenConstraint | None = None,
              sink: LogprobSink | None = None) -> Iterator[str | Logprob | Done]:
         started = time.perf_counter_ns()
+        self.shifted = False
         match = self._caches(prompt, cancelled)
         sampler = Sampler(options)
         speculator = None
@@ -198,10 +209,14 @@ class Generator:
             rounds = speculator.rounds(prompt, budget, cancelled)
         else:
             rounds = self._plain_rounds(prompt, match.target, sampler, budget, cancelled, sink)
+        if self._shift_to is not None and speculator is None:
+            rounds = self._shifting_rounds(prompt, match.target, sampler, options.num_keep,
+                                           cancelled, sink)
         emission = self._emission = Emission(self.tokenizer, options,
                                              ReleasePolicy(self.release), sink)
         yield from emission.run(rounds)
-        self.prefix_cache.record(prompt + emission.read, match.target, match.draft)
+        if not self.shifted:  # a shifted cache no longer holds prompt + answer
+            self.prefix_cache.record(prompt + emission.read, match.target, match.draft)
         ended = time.perf_counter_ns()
         first_at = emission.first_at or ended
         yield Done(emission.reason, len(prompt) - match.length, first_at - started,
@@ -246,6 +261,27 @@ class Generator:
             y = following
 
 
+    def _shifting_rounds(self, prompt: list[int], cache: list[KVCache], sampler: Sampler,
+                         num_keep: int, cancelled: Callable[[], bool],
+                         sink: LogprobSink | None) -> Iterator[list[int]]:
+        """Plain rounds until the context is full, then shift it and go on: the kept tokens
+        are evaluated again into fresh caches (so every position is where RoPE expects it)."""
+        assert self._shift_to is not None
+        left, num_ctx = self._shift_to
+        sequence = list(prompt)
+        while left > 0 and not cancelled():
+            budget = min(left, num_ctx - len(sequence))
+            for tokens in self._plain_rounds(sequence, cache, sampler, budget, cancelled, sink):
+                sequence += tokens
+                left -= len(tokens)
+                yield tokens
+            if left <= 0 or cancelled():
+                return
+            sequence = shifted(sequence, num_keep)
+            cache = make_cache(len(self.model.layers))
+            self._prefill(self.model, sequence[:-1], cache, cancelled)
+            self.shifted = True
+
     def _constrained_rounds(self, prompt: list[int], cache: list[KVCache], sampler: Sampler,
                             budget: int, cancelled: Callable[[], bool],
                             constraint: TokenConstraint,
@@ -279,6 +315,13 @@ class Generator:
             if sink is not None:
                 sink.read(token)
             yield [token]
+
+
+def shifted(tokens: list[int], num_keep: int) -> list[int]:
+    """Ollama's context shift: keep the first `num_keep`, drop the older half of the rest."""
+    keep = max(0, min(num_keep, len(tokens) - 1))
+    discard = (len(tokens) - keep) // 2
+    return tokens[:keep] + tokens[keep + discard:]
 
 
 class Emission:

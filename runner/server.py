@@ -166,15 +166,17 @@ def build_app(store: Store, name: str, compute: str = "auto",
         try:
             options = Options.from_dict({**state.loaded.files.params,
                                          **(body.get("options") or {})})
-            tokens = state.tokenizer.encode(prompt_text(state.tokenizer, body))
+            context = _context(body.get("context"))
+            tokens = context + state.tokenizer.encode(prompt_text(state.tokenizer, body))
             truncate = bool(body.get("truncate", True))
             fit_prompt(tokens, state.generator.num_ctx(options), truncate)
-            constraint = await _constraint(state, body.get("format"))
-            logprobs = _logprobs(body)
+            run = Run(tokens, options, truncate, await _constraint(state, body.get("format")),
+                      _logprobs(body), body.get("shift", True) is not False,
+                      bool(body.get("return_context")))
         except (OptionsError, PromptError, TemplateError, ContextError, TypeError,
                 FormatError) as exc:
             return _error(400, str(exc))
-        job = _stream(state, tokens, options, truncate, constraint, logprobs)
+        job = _stream(state, run)
         return StreamingResponse(job, media_type="application/x-ndjson")
 
     routes = [Route("/v1/status", status, methods=["GET"]),
@@ -192,6 +194,29 @@ def _prefix_cache_status(generator: Generator | None) -> dict[str, int]:
     if cache is None:
         return {"entries": 0, "bytes": 0, "budget": 0}
     return {"entries": len(cache), "bytes": cache.nbytes, "budget": cache.budget_bytes}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One completion as the worker runs it."""
+
+    tokens: list[int]
+    options: Options
+    truncate: bool
+    constraint: TokenConstraint | None
+    logprobs: int | None  # alternatives per token; None: no logprobs
+    shift: bool
+    return_context: bool  # end with the token ids of prompt and answer (/api/generate)
+
+
+def _context(value: Any) -> list[int]:
+    """/api/generate's `context`: the token ids a previous answer returned."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise PromptError("context must be a list of token ids")
+    return value
 
 
 def _logprobs(body: dict[str, Any]) -> int | None:
@@ -217,9 +242,7 @@ async def _json(request: Request) -> Any:
         return None
 
 
-async def _stream(state: RunnerState, tokens: list[int], options: Options,
-                  truncate: bool, constraint: TokenConstraint | None = None,
-                  logprobs: int | None = None) -> AsyncIterator[bytes]:
+async def _stream(state: RunnerState, run: Run) -> AsyncIterator[bytes]:
     """Run one generation on the worker; relay its pieces as NDJSON lines."""
     assert state.generator is not None
     generator = state.generator
@@ -233,8 +256,12 @@ async def _stream(state: RunnerState, tokens: list[int], options: Options,
 
         def job() -> None:
             try:
-                for item in generator.generate(tokens, options, cancel.is_set, truncate,
-                                               constraint, logprobs):
+                for item in generator.generate(run.tokens, run.options, cancel.is_set,
+                                               run.truncate, run.constraint, run.logprobs,
+                                               run.shift):
+                    if isinstance(item, Done) and run.return_context:
+                        eos = generator.tokenizer.eos_ids
+                        item = (item, run.tokens + [t for t in generator.tokens if t not in eos])
                     put(item)
             except Exception as exc:  # reported to the client as the final line
                 log.exception("generation failed")
@@ -251,6 +278,9 @@ async def _stream(state: RunnerState, tokens: list[int], options: Options,
 
 
 def _line(item: Any) -> bytes:
+    context = None
+    if isinstance(item, tuple):
+        item, context = item
     if isinstance(item, Exception):
         message: dict[str, Any] = {"error": f"generation failed: {item}"}
     elif isinstance(item, Done):
@@ -261,6 +291,8 @@ def _line(item: Any) -> bytes:
                    "prompt_cached": item.prompt_cached}
         if item.draft is not None:
             message.update(draft_proposed=item.draft.proposed, draft_accepted=item.draft.accepted)
+        if context is not None:
+            message["context"] = context
     elif isinstance(item, Logprob):
         message = {"content": "", "logprobs": [item.to_json()], "done": False}
     else:

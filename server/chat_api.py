@@ -94,6 +94,8 @@ def _final(kind: str, model: str, stats: Stats, answer: Answer | None = None
     out = _piece(kind, model, answer.text, answer.calls, answer.thinking)
     out["done"] = True
     out.update(stats.ollama_fields())
+    if kind == "response" and stats.context is not None:
+        out["context"] = stats.context  # deprecated in Ollama, still returned and accepted
     if answer.logprobs is not None:
         out["logprobs"] = answer.logprobs
     return out
@@ -157,12 +159,6 @@ async def _load_or_unload(request: Request, kind: str, model: ModelDefaults, sho
     return JSONResponse(_final(kind, shown, stats))
 
 
-def _refuse_fields(body: dict[str, Any], *names: str) -> None:
-    for field in names:
-        if body.get(field):
-            raise APIError(400, f"{field} is not supported by ferry's runner")
-
-
 async def generate(request: Request) -> Response:
     """POST /api/generate."""
     started = time.monotonic()
@@ -174,7 +170,6 @@ async def generate(request: Request) -> Response:
     if not isinstance(prompt, str):
         raise APIError(400, "prompt must be a string")
     refuse_unsupported(model, body, bool(body.get("images")))
-    _refuse_fields(body, "context")
     if not prompt:
         return await _load_or_unload(request, "response", model, shown, keep_alive)
     fmt = JSONFormat.parse(body.get("format"))
@@ -189,8 +184,11 @@ async def generate(request: Request) -> Response:
 def generate_runner_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
                          fmt: JSONFormat | None) -> dict[str, Any]:
     """The runner's body for a generate request (also used by /v1/completions)."""
-    return {**_generate_body(model, body, prompt, fmt), **logprob_fields(body),
-            **fill_in_fields(model, body)}
+    out = {**_generate_body(model, body, prompt, fmt), **logprob_fields(body),
+           **fill_in_fields(model, body), "return_context": True}
+    if body.get("context"):
+        out["context"] = body["context"]
+    return out
 
 
 def _generate_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
@@ -202,6 +200,8 @@ def _generate_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
         out["format"] = fmt.runner_value()
     if body.get("think") is not None:
         out["think"] = body["think"]
+    if body.get("shift") is False:
+        out["shift"] = False
     if body.get("raw"):
         return {**out, "prompt": prompt, "raw": True}
     system = body.get("system") or model.system
@@ -242,6 +242,8 @@ async def chat(request: Request) -> Response:
     runner_body = chat_runner_body(model, messages, body.get("options"), body.get("tools"),
                                    fmt, body.get("truncate", True) is not False, body.get("think"))
     runner_body.update(logprob_fields(body))
+    if body.get("shift") is False:
+        runner_body["shift"] = False
     job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started,
                         tool_names(body.get("tools")), think)
     return await _respond(request, "message", shown, job,

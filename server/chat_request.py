@@ -23,7 +23,8 @@ from server.output_parser import ThinkMode
 
 # Options the runner understands (docs/runner-protocol.md); Ollama ignores the rest too.
 RUNNER_OPTIONS = frozenset({"temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-                            "repeat_last_n", "seed", "stop", "num_predict", "num_ctx"})
+                            "repeat_last_n", "seed", "stop", "num_predict", "num_ctx",
+                            "num_keep"})
 FOREVER_YEARS = 290
 _LAYER_LIMIT = 1024 * 1024
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")

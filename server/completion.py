@@ -36,6 +36,7 @@ class Stats:
     load_duration: int = 0
     total_duration: int = 0
     prompt_cached: int = 0  # of prompt_eval_count, tokens reused from the runner's prefix cache
+    context: list[int] | None = None  # prompt and answer token ids, when the runner returned them
 
     def add_runner_final(self, message: dict[str, Any]) -> None:
         """The runner counts evaluated tokens; Ollama reports the whole prompt, cached or not."""
@@ -43,6 +44,8 @@ class Stats:
         cached = int(message.get("prompt_cached") or 0)
         self.prompt_eval_count += int(message.get("prompt_eval_count") or 0) + cached
         self.prompt_cached += cached
+        if isinstance(message.get("context"), list):
+            self.context = message["context"]
         self.prompt_eval_duration += int(message.get("prompt_eval_duration") or 0)
         self.eval_count += int(message.get("eval_count") or 0)
         self.eval_duration += int(message.get("eval_duration") or 0)

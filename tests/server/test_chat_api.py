@@ -211,3 +211,24 @@ def test_openai_logprobs_and_the_top_logprobs_limit(client, served):
     with pytest.raises(ollama.ResponseError) as caught:
         client.generate(model=served.model, prompt="hi", logprobs=True, top_logprobs=21)
     assert caught.value.status_code == 400 and "top_logprobs" in caught.value.error
+
+
+def test_generate_returns_context_and_accepts_it_back(client, served):
+    first = client.generate(model=served.model, prompt="hello there")
+    assert first.context and all(isinstance(t, int) for t in first.context)
+    second = client.generate(model=served.model, prompt="and again", context=first.context)
+    alone = client.generate(model=served.model, prompt="and again")
+    assert second.prompt_eval_count == len(first.context) + alone.prompt_eval_count
+    bad = httpx.post(f"{served.url}/api/generate", timeout=60, json={
+        "model": served.model, "prompt": "x", "context": ["no"], "stream": False})
+    assert bad.status_code == 400 and "context" in bad.json()["error"]
+
+
+def test_a_long_answer_shifts_the_context_instead_of_stopping(served):
+    body = {"model": served.model, "prompt": "hi", "raw": True, "stream": False,
+            "options": {"num_ctx": 48, "num_predict": 80, "temperature": 0, "num_keep": 2}}
+    shifted = httpx.post(f"{served.url}/api/generate", json=body, timeout=120).json()
+    stopped = httpx.post(f"{served.url}/api/generate", json={**body, "shift": False},
+                         timeout=120).json()
+    assert (shifted["eval_count"], shifted["done_reason"]) == (80, "length")
+    assert stopped["eval_count"] == 48 - stopped["prompt_eval_count"]
