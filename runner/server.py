@@ -42,6 +42,7 @@ from runner.tokenizer import ModelTokenizer, PromptError
 
 log = logging.getLogger("ferry.runner")
 _END = object()
+THINK_OPEN = "<think>"
 
 
 class Worker:
@@ -167,12 +168,14 @@ def build_app(store: Store, name: str, compute: str = "auto",
             options = Options.from_dict({**state.loaded.files.params,
                                          **(body.get("options") or {})})
             context = _context(body.get("context"))
-            tokens = context + state.tokenizer.encode(prompt_text(state.tokenizer, body))
+            text = prompt_text(state.tokenizer, body)
+            tokens = context + state.tokenizer.encode(text)
             truncate = bool(body.get("truncate", True))
             fit_prompt(tokens, state.generator.num_ctx(options), truncate)
             run = Run(tokens, options, truncate, await _constraint(state, body.get("format")),
                       _logprobs(body), body.get("shift", True) is not False,
-                      bool(body.get("return_context")))
+                      bool(body.get("return_context")),
+                      text.rstrip().endswith(THINK_OPEN))
         except (OptionsError, PromptError, TemplateError, ContextError, TypeError,
                 FormatError) as exc:
             return _error(400, str(exc))
@@ -207,6 +210,7 @@ class Run:
     logprobs: int | None  # alternatives per token; None: no logprobs
     shift: bool
     return_context: bool  # end with the token ids of prompt and answer (/api/generate)
+    thinking_opened: bool = False  # the template opened a reasoning block for the model
 
 
 def _context(value: Any) -> list[int]:
@@ -270,6 +274,9 @@ async def _stream(state: RunnerState, run: Run) -> AsyncIterator[bytes]:
                 put(_END)
 
         state.worker.submit(job)
+        if run.thinking_opened:  # so the model server reads the answer from inside the block
+            yield (json.dumps({"content": "", "done": False, "thinking_opened": True})
+                   + "\n").encode()
         try:
             while (item := await pieces.get()) is not _END:
                 yield _line(item)

@@ -96,12 +96,14 @@ async def run_completion(job: CompletionJob) -> AsyncIterator[Item]:
         lease.release()
 
 
-async def _plain(lease: Lease, body: dict[str, Any],
-                 stats: Stats) -> AsyncIterator[str | Logprobs]:
+async def _plain(lease: Lease, body: dict[str, Any], stats: Stats,
+                 parser: OutputParser | None = None) -> AsyncIterator[str | Logprobs]:
     async for message in lease.complete(body):
         if message.get("done"):
             stats.add_runner_final(message)
             continue
+        if message.get("thinking_opened") and parser is not None:
+            parser.open_thinking()
         if message.get("logprobs"):
             yield Logprobs(list(message["logprobs"]))
         if message.get("content"):
@@ -111,7 +113,7 @@ async def _plain(lease: Lease, body: dict[str, Any],
 async def _parsed(lease: Lease, job: CompletionJob,
                   stats: Stats) -> AsyncIterator[str | Thinking | Calls | Logprobs]:
     parser = OutputParser(job.think, job.tool_names)
-    async for text in _plain(lease, job.body, stats):
+    async for text in _plain(lease, job.body, stats, parser):
         if isinstance(text, Logprobs):
             yield text
             continue

@@ -64,6 +64,11 @@ class OutputParser:
         self.calls = 0
         self.trim = False
 
+    def open_thinking(self) -> None:
+        """The prompt ended inside `<think>` (the template opened it): reasoning comes first."""
+        if self.think is not ThinkMode.OFF and self.state == "start":
+            self.state = "thinking"
+
     def feed(self, text: str) -> list[Piece]:
         self.buffer += text
         out: list[Piece] = []

@@ -23,6 +23,9 @@ AGENT = ["<think>", "The user", " wants weather", "</think>", "Let me", " check"
          "<tool_call>", PARIS, "</tool_call>", "\n<tool_call>", CET, "</tool_call>\n"]
 STUBBORN = ["<think>", "Hmm", "</think>", "Hello", " there"]
 STUBBORN_TEMPLATE = PLAIN_TEMPLATE.replace("{{ bos_token }}", "{{ bos_token }}{# <think> #}")
+# A template that opens the reasoning block itself (as thinking-only models' templates do).
+OPENED_TEMPLATE = PLAIN_TEMPLATE.replace("'<|im_start|>assistant\\n'",
+                                         "'<|im_start|>assistant\\n<think>'")
 TOOLS = [{"type": "function", "function": {
     "name": name, "description": f"{name} tool",
     "parameters": {"type": "object", "properties": {arg: {"type": "string"}}}}}
@@ -34,7 +37,8 @@ QUESTION = [{"role": "user", "content": "weather in Paris?"}]
 def url(tmp_path_factory, make_checkpoint):
     models = {"me/agent": (AGENT, THINKING_TOOLS_TEMPLATE),
               "me/stubborn": (STUBBORN, STUBBORN_TEMPLATE),
-              "me/plain": (["Hello", " world"], PLAIN_TEMPLATE)}
+              "me/plain": (["Hello", " world"], PLAIN_TEMPLATE),
+              "me/opened": (["<think>", "Pondering", "</think>", "Answer"], OPENED_TEMPLATE)}
     with serve_scripted_models(tmp_path_factory.mktemp("home"), make_checkpoint,
                                models) as base:
         yield base
@@ -151,3 +155,10 @@ def test_openai_tools_to_a_plain_model_is_a_400(url):
     api = openai.OpenAI(base_url=f"{url}/v1", api_key="ferry", timeout=120)
     with pytest.raises(openai.BadRequestError, match="does not support tools"):
         api.chat.completions.create(model="me/plain", messages=QUESTION, tools=TOOLS)
+
+
+def test_reasoning_opened_by_the_template_is_still_thinking(client):
+    reply = client.chat(model="me/opened", messages=QUESTION)
+    assert (reply.message.thinking, reply.message.content) == ("Pondering", "Answer")
+    hidden = client.chat(model="me/opened", messages=QUESTION, think=False)
+    assert (hidden.message.thinking, hidden.message.content) == (None, "Answer")
