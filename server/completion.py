@@ -112,7 +112,8 @@ async def _plain(lease: Lease, body: dict[str, Any], stats: Stats,
 
 async def _parsed(lease: Lease, job: CompletionJob,
                   stats: Stats) -> AsyncIterator[str | Thinking | Calls | Logprobs]:
-    parser = OutputParser(job.think, job.tool_names)
+    # a grammar-constrained answer is the JSON itself: nothing in it is reasoning
+    parser = OutputParser(ThinkMode.OFF if job.fmt is not None else job.think, job.tool_names)
     async for text in _plain(lease, job.body, stats, parser):
         if isinstance(text, Logprobs):
             yield text

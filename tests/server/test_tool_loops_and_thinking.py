@@ -162,3 +162,10 @@ def test_reasoning_opened_by_the_template_is_still_thinking(client):
     assert (reply.message.thinking, reply.message.content) == ("Pondering", "Answer")
     hidden = client.chat(model="me/opened", messages=QUESTION, think=False)
     assert (hidden.message.thinking, hidden.message.content) == (None, "Answer")
+
+
+def test_a_json_answer_from_a_reasoning_model_is_all_content(client):
+    """The grammar writes JSON from the first token, even where the template opened <think>."""
+    reply = client.chat(model="me/opened", messages=QUESTION, format="json",
+                        options={"num_predict": 5})
+    assert reply.message.content.startswith(("{", "[")) and not reply.message.thinking
