@@ -37,7 +37,6 @@ def parse_args() -> argparse.Namespace:
 
 ARGS = parse_args()
 STARTED = time.monotonic()
-LOCK = threading.Lock()
 
 
 def loaded() -> bool:
