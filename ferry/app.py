@@ -17,7 +17,15 @@ from registry.service.auth.limits import LimitSettings
 from registry.service.storage.base import BlobStore
 from registry.store import Store
 from registry.transfer.client import TransferOptions
-from server import chat_api, create_api, embed_api, models_api, openai_api, transfer_api
+from server import (
+    chat_api,
+    create_api,
+    embed_api,
+    models_api,
+    openai_api,
+    openai_completions,
+    transfer_api,
+)
 from server.api_errors import handle_ferry_error
 from server.scheduler import Scheduler
 
@@ -44,6 +52,7 @@ def build_model_server(settings: Settings, scheduler: Scheduler | None = None,
         *chat_api.routes,
         *openai_api.routes,
         *embed_api.routes,
+        *openai_completions.routes,
     ]
 
     @contextlib.asynccontextmanager

@@ -111,6 +111,18 @@ def details(model: StoredModel, kv: GGUFKV | None) -> dict[str, Any]:
     return out
 
 
+def template_capabilities(template: str) -> list[str]:
+    """What a Modelfile TEMPLATE can render: tools, fill-in-the-middle, reasoning."""
+    found = []
+    if re.search(r"\.Tools\b", template):
+        found.append("tools")
+    if re.search(r"\.Suffix\b", template):
+        found.append("insert")
+    if "<think>" in template and "</think>" in template:
+        found.append("thinking")
+    return found
+
+
 def capabilities(model: StoredModel, kv: GGUFKV | None, template: str) -> list[str]:
     """Ollama's Model.Capabilities: weights kind, config, then what the template uses."""
     found: list[str] = []
@@ -120,14 +132,9 @@ def capabilities(model: StoredModel, kv: GGUFKV | None, template: str) -> list[s
         if kv is not None and kv.get("vision.block_count") is not None:
             found.append("vision")
     found += model.config.capabilities or []
-    if re.search(r"\.Tools\b", template):
-        found.append("tools")
-    if re.search(r"\.Suffix\b", template):
-        found.append("insert")
+    found += template_capabilities(template)
     if model.manifest.layers_of(mt.PROJECTOR):
         found.append("vision")
-    if "<think>" in template and "</think>" in template:
-        found.append("thinking")
     if not found:
         found.append("completion")
     return list(dict.fromkeys(found))

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from runner.constrain import TokenConstraint
 from runner.kv_cache import Cache, new_caches
+from runner.logprobs import Logprob, LogprobSink
 from runner.prefix_cache import Match, PrefixCache, Span
 from runner.readback import token_id
 from runner.sample import Options, Sampler
@@ -129,6 +131,8 @@ class Generator:
         self.depth_control = DepthControl()  # learned across requests, as in Ollama
         self.target_layers = len(new_caches(model))
         self._emission: Emission | None = None
+        self._shift_to: tuple[int, int] | None = None  # (tokens to generate, num_ctx)
+        self.shifted = False  # whether the current (or last) request shifted its context
 
     @property
     def generated(self) -> int:
@@ -147,17 +151,29 @@ class Generator:
 
     def generate(self, prompt: list[int], options: Options,
                  cancelled: Callable[[], bool] = lambda: False,
-                 truncate: bool = True, spans: Sequence[Span] = ()) -> Iterator[str | Done]:
-        """`spans`: [start, end) prompt ranges evaluated in one forward (non-causal media)."""
+                 truncate: bool = True, spans: Sequence[Span] = (),
+                 constraint: TokenConstraint | None = None, logprobs: int | None = None,
+                 shift: bool = True) -> Iterator[str | Logprob | Done]:
+        """Text pieces, then Done; with `logprobs` (the number of alternatives, 0 for none)
+        each emitted token's Logprob comes before its text. `spans`: [start, end) prompt
+        ranges evaluated in one forward (non-causal media).
+
+        A `num_predict` beyond what the context holds shifts the context when it fills (as
+        Ollama: keep `num_keep` tokens, drop the older half of the rest) unless `shift` is off;
+        -1 generates until the context is full."""
         num_ctx = self.num_ctx(options)
         fitted = fit_prompt(prompt, num_ctx, truncate)
         cut = len(prompt) - len(fitted)
         spans = [(a - cut, b - cut) for a, b in spans if a >= cut]
         budget = num_ctx - len(fitted)
+        self._shift_to = None
         if options.num_predict >= 0:
+            if shift and options.num_predict > budget and constraint is None:
+                self._shift_to = (options.num_predict, num_ctx)
             budget = min(budget, options.num_predict)
         try:
-            yield from self._run(fitted, options, budget, cancelled, spans)
+            sink = LogprobSink(logprobs, self.tokenizer.decode) if logprobs is not None else None
+            yield from self._run(fitted, options, budget, cancelled, spans, constraint, sink)
         finally:
             self.release()
 
@@ -189,22 +205,34 @@ class Generator:
             self.release()
 
     def _run(self, prompt: list[int], options: Options, budget: int,
-             cancelled: Callable[[], bool], spans: Sequence[Span]) -> Iterator[str | Done]:
+             cancelled: Callable[[], bool], spans: Sequence[Span],
+             constraint: TokenConstraint | None = None,
+             sink: LogprobSink | None = None) -> Iterator[str | Logprob | Done]:
         started = time.perf_counter_ns()
+        self.shifted = False
         match = self.prefix_cache.begin(prompt, self.make_caches, spans)
         self.prefill(match, cancelled)
         target, draft = match.caches[:self.target_layers], match.caches[self.target_layers:]
         sampler = Sampler(options)
         speculator = None
-        if draft and self.draft is not None and not sampler.uses_history:
+        if constraint is not None:
+            rounds = self._constrained_rounds(prompt, target, sampler, budget, cancelled,
+                                              constraint, sink)
+        elif draft and self.draft is not None and not sampler.uses_history and sink is None:
+            # the draft steps aside when logprobs are asked for
             speculator = Speculator(self.model, self.draft, target, draft,  # type: ignore[arg-type]
                                     options, self.depth_control)
             rounds = speculator.rounds(prompt, budget, cancelled)
         else:
-            rounds = self._plain_rounds(prompt, target, sampler, budget, cancelled)
+            rounds = self._plain_rounds(prompt, target, sampler, budget, cancelled, sink)
+        if self._shift_to is not None and speculator is None:
+            rounds = self._shifting_rounds(prompt, target, sampler, options.num_keep,
+                                           cancelled, sink)
         emission = self._emission = Emission(self.tokenizer, options,
-                                             ReleasePolicy(self.release))
+                                             ReleasePolicy(self.release), sink)
         yield from emission.run(rounds)
+        # after a shift the match's caches still hold the prompt and the answer up to the
+        # shift (later tokens went to fresh caches): close keeps what they computed
         self.prefix_cache.close(prompt + emission.read, match)
         ended = time.perf_counter_ns()
         first_at = emission.first_at or ended
@@ -213,7 +241,8 @@ class Generator:
                    speculator.stats if speculator is not None else None)
 
     def _plain_rounds(self, prompt: list[int], cache: list[Cache], sampler: Sampler,
-                      budget: int, cancelled: Callable[[], bool]) -> Iterator[list[int]]:
+                      budget: int, cancelled: Callable[[], bool],
+                      sink: LogprobSink | None = None) -> Iterator[list[int]]:
         """One token per round, pipelined: token n+1's graph is queued before n is read."""
         window = sampler.options.repeat_last_n
         window = window if window > 0 else len(prompt) + budget
@@ -225,6 +254,8 @@ class Generator:
             token = sampler(logits, history).astype(mx.uint32)
             if history is not None:
                 history = mx.concatenate([history, token[None]])[-window:]
+            if sink is not None:
+                sink.queue(logits, token)
             return token
 
         count = 0
@@ -240,22 +271,98 @@ class Generator:
             following = step(y[None]) if count < budget else None
             if following is not None:
                 mx.async_eval(following)
-            yield [token_id(y)]
+            token = token_id(y)
+            if sink is not None:
+                sink.read(token)
+            yield [token]
             y = following
+
+    def _shifting_rounds(self, prompt: list[int], cache: list[Cache], sampler: Sampler,
+                         num_keep: int, cancelled: Callable[[], bool],
+                         sink: LogprobSink | None) -> Iterator[list[int]]:
+        """Plain rounds until the context is full, then shift it and go on: the kept tokens
+        are evaluated again into fresh caches (so every position is where RoPE expects it)."""
+        assert self._shift_to is not None
+        left, num_ctx = self._shift_to
+        sequence = list(prompt)
+        while left > 0 and not cancelled():
+            budget = min(left, num_ctx - len(sequence))
+            for tokens in self._plain_rounds(sequence, cache, sampler, budget, cancelled, sink):
+                sequence += tokens
+                left -= len(tokens)
+                yield tokens
+            if left <= 0 or cancelled():
+                return
+            sequence = shifted(sequence, num_keep)
+            cache = new_caches(self.model)
+            self._evaluate(sequence[:-1], cache, cancelled)
+            self.shifted = True
+
+    def _evaluate(self, tokens: list[int], cache: list[Cache],
+                  cancelled: Callable[[], bool]) -> None:
+        """Prefill fresh target caches (a shifted context) in chunks, outside the prefix cache."""
+        for start in range(0, len(tokens), self.prefill_chunk):
+            if cancelled():
+                return
+            self.model(mx.array(tokens[start:start + self.prefill_chunk])[None], cache)
+            mx.eval([c.state for c in cache])
+            self.release()
+
+    def _constrained_rounds(self, prompt: list[int], cache: list[Cache], sampler: Sampler,
+                            budget: int, cancelled: Callable[[], bool],
+                            constraint: TokenConstraint,
+                            sink: LogprobSink | None = None) -> Iterator[list[int]]:
+        """One token per round, pipelined like `_plain_rounds`: the forward pass for token n+1
+        is queued before token n is read back, and the grammar's mask for n+1 is computed on
+        the CPU while that pass runs (it only needs token n)."""
+        window = sampler.options.repeat_last_n
+        window = window if window > 0 else len(prompt) + budget
+        history = mx.array(prompt[-window:], dtype=mx.uint32) if sampler.uses_history else None
+
+        def forward(token: mx.array) -> mx.array:
+            logits = self.model(token.reshape(1, 1), cache)[0, -1]
+            mx.async_eval(logits)
+            return logits
+
+        logits = forward(mx.array(prompt[-1:], dtype=mx.uint32)) if budget > 0 else None
+        count = 0
+        while logits is not None and not cancelled():
+            allowed = constraint.allowed(logits.shape[-1])
+            masked = mx.where(allowed, logits.astype(mx.float32), -float("inf"))
+            y = sampler(masked, history).astype(mx.uint32)
+            if history is not None:
+                history = mx.concatenate([history, y[None]])[-window:]
+            if sink is not None:
+                sink.queue(logits, y)
+            count += 1
+            logits = forward(y) if count < budget else None
+            token = token_id(y)
+            constraint.accept(token)
+            if sink is not None:
+                sink.read(token)
+            yield [token]
+
+
+def shifted(tokens: list[int], num_keep: int) -> list[int]:
+    """Ollama's context shift: keep the first `num_keep`, drop the older half of the rest."""
+    keep = max(0, min(num_keep, len(tokens) - 1))
+    discard = (len(tokens) - keep) // 2
+    return tokens[:keep] + tokens[keep + discard:]
 
 
 class Emission:
     """Tokens -> text pieces: EOS, stop strings, counts and the release rule, per round."""
 
     def __init__(self, tokenizer: ModelTokenizer, options: Options,
-                 policy: ReleasePolicy) -> None:
+                 policy: ReleasePolicy, sink: LogprobSink | None = None) -> None:
         self.tokenizer = tokenizer
+        self.sink = sink
         self.detok, self.stops = tokenizer.detokenizer(), StopFilter(options.stop)
         self.policy = policy
         self.reason, self.count, self.first_at = "length", 0, 0
         self.read: list[int] = []  # every token read back, EOS included (it is in the cache)
 
-    def run(self, rounds: Iterator[list[int]]) -> Iterator[str]:
+    def run(self, rounds: Iterator[list[int]]) -> Iterator[str | Logprob]:
         for tokens in rounds:
             self.first_at = self.first_at or time.perf_counter_ns()
             before = self.count
@@ -271,13 +378,16 @@ class Emission:
         if self.reason == "stop_string":
             self.reason = "stop"
 
-    def _round(self, tokens: list[int]) -> Iterator[str]:
+    def _round(self, tokens: list[int]) -> Iterator[str | Logprob]:
         for token in tokens:
             self.read.append(token)
+            logprob = self.sink.pop() if self.sink is not None else None
             if token in self.tokenizer.eos_ids:
                 self.reason = "stop"
                 return
             self.count += 1
+            if logprob is not None:
+                yield logprob
             text, stopped = self.stops.feed(self.detok.add(token))
             if text:
                 yield text

@@ -1,6 +1,7 @@
 """The subset of Go's text/template that Modelfile TEMPLATEs commonly use.
 
-Supported: `{{ .System }}`, `{{ .Prompt }}`, `{{ .Response }}`, `{{ range .Messages }}` with
+Supported: `{{ .System }}`, `{{ .Prompt }}`, `{{ .Suffix }}` (fill-in-the-middle: the text
+after the cursor), `{{ .Response }}`, `{{ range .Messages }}` with
 `{{ .Role }}` / `{{ .Content }}` inside (and `$.System` etc. for the root), `{{ if X }}` /
 `{{ else }}` / `{{ end }}`, comments `{{/* */}}`, and the `{{-` / `-}}` whitespace trims.
 Anything else is a `TemplateError` that names the action, so a model whose template needs more
@@ -20,7 +21,7 @@ from typing import Any
 
 _ACTION = re.compile(r"\{\{(-\s)?\s*(.*?)\s*(\s-)?\}\}", re.DOTALL)
 _FIELD = re.compile(r"^(\$)?\.([A-Za-z_][A-Za-z0-9_]*)$")
-ROOT_FIELDS = frozenset({"System", "Prompt", "Response", "Messages"})
+ROOT_FIELDS = frozenset({"System", "Prompt", "Response", "Messages", "Suffix"})
 MESSAGE_FIELDS = frozenset({"Role", "Content"})
 
 
@@ -120,14 +121,15 @@ class GoTemplate:
         self.nodes = parse(source)
         self.uses_messages = "Messages" in _names(self.nodes)
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
+    def render(self, messages: list[dict[str, Any]], suffix: str = "") -> str:
         if self.uses_messages:
             system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
-            root = {"System": system, "Prompt": "", "Response": "", "Messages": messages}
+            root = {"System": system, "Prompt": "", "Response": "", "Messages": messages,
+                    "Suffix": suffix}
             return self._execute(root, stop_at_response=False)
         turns = _turns(messages)
         out = [self._execute(turn, stop_at_response=False) for turn in turns[:-1]]
-        out.append(self._execute(turns[-1], stop_at_response=True))
+        out.append(self._execute({**turns[-1], "Suffix": suffix}, stop_at_response=True))
         return "".join(out)
 
     def _execute(self, root: dict[str, Any], stop_at_response: bool) -> str:
@@ -140,13 +142,13 @@ class GoTemplate:
 def _turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Collapse messages into (System, Prompt, Response) turns, as Ollama does."""
     turns: list[dict[str, Any]] = []
-    cur = {"System": "", "Prompt": "", "Response": ""}
+    cur = {"System": "", "Prompt": "", "Response": "", "Suffix": ""}
     for m in messages:
         role, content = m.get("role"), str(m.get("content") or "")
         if (role == "system" and (cur["Prompt"] or cur["Response"])) or (
                 role == "user" and cur["Response"]):
             turns.append(cur)
-            cur = {"System": "", "Prompt": "", "Response": ""}
+            cur = {"System": "", "Prompt": "", "Response": "", "Suffix": ""}
         key = {"system": "System", "user": "Prompt", "assistant": "Response"}.get(str(role))
         if key:
             cur[key] = content

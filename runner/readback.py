@@ -28,6 +28,24 @@ def token_ids(array: mx.array) -> list[int]:
     return ids
 
 
+def number(array: mx.array) -> float:
+    """The real number in a scalar array (a logprob)."""
+    value = array.item()
+    if isinstance(value, complex):
+        raise TypeError(f"expected a real number, got {value!r}")
+    return float(value)
+
+
+def numbers(array: mx.array) -> list[float]:
+    """The real numbers in a 1-D array."""
+    out: list[float] = []
+    for value in _values(array):
+        if not isinstance(value, int | float):
+            raise TypeError(f"expected real numbers, got {value!r}")
+        out.append(float(value))
+    return out
+
+
 def flags(array: mx.array) -> list[bool]:
     """The values of a 1-D boolean array."""
     values: list[bool] = []

@@ -30,6 +30,7 @@ class Options:
     stop: tuple[str, ...] = field(default_factory=tuple)
     num_predict: int = -1
     num_ctx: int | None = None
+    num_keep: int = 4  # tokens kept at the start when the context shifts
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> Options:

@@ -35,16 +35,19 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from registry.store import Store
+from runner.constrain import FormatError, GrammarCompiler, TokenConstraint
 from runner.embed import Embedder, EmbedError, build_embedder, embedding_dimensions
 from runner.generate import ContextError, Done, Generator, fit_prompt
-from runner.go_template import TemplateError
+from runner.go_template import GoTemplate, TemplateError
 from runner.load import LoadedModel, load_model
+from runner.logprobs import MAX_TOP, Logprob
 from runner.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from runner.sample import Options, OptionsError
 from runner.tokenizer import ModelTokenizer, PromptError
 
 log = logging.getLogger("ferry.runner")
 _END = object()
+THINK_OPEN = "<think>"
 
 
 class Worker:
@@ -75,6 +78,7 @@ class RunnerState:
     tokenizer: ModelTokenizer | None = None
     generator: Generator | None = None
     embedder: Embedder | None = None
+    grammar: GrammarCompiler | None = None
     worker: Worker = field(default_factory=Worker)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -108,6 +112,7 @@ def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) 
         on_fail(state.error)
         return
     if state.embedder is None:
+        state.grammar = GrammarCompiler(tokenizer)
         state.generator = Generator(loaded.model, tokenizer, loaded.context_length,
                                     state.release, draft=loaded.draft,
                                     prefix_cache=PrefixCache(state.prefix_cache_bytes))
@@ -123,14 +128,18 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def prompt_text(tokenizer: ModelTokenizer, body: dict[str, Any]) -> str:
     """The rendered prompt a completion request asks for (messages, or prompt/system/raw)."""
+    override = GoTemplate(body["template"]) if body.get("template") else None
+    suffix = str(body.get("suffix") or "")
     if isinstance(body.get("messages"), list):
-        return tokenizer.render(body["messages"], tools=body.get("tools") or None)
+        return tokenizer.render(body["messages"], tools=body.get("tools") or None,
+                                think=body.get("think"), suffix=suffix, template=override)
     if isinstance(body.get("prompt"), str):
         if body.get("raw"):
             return body["prompt"]
         messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
         messages.append({"role": "user", "content": body["prompt"]})
-        return tokenizer.render(messages)
+        return tokenizer.render(messages, think=body.get("think"), suffix=suffix,
+                                template=override)
     raise PromptError("the request needs messages or a prompt")
 
 
@@ -177,12 +186,19 @@ def build_app(store: Store, name: str, compute: str = "auto",
         try:
             options = Options.from_dict({**state.loaded.files.params,
                                          **(body.get("options") or {})})
-            tokens = state.tokenizer.encode(prompt_text(state.tokenizer, body))
+            context = _context(body.get("context"))
+            text = prompt_text(state.tokenizer, body)
+            tokens = context + state.tokenizer.encode(text)
             truncate = bool(body.get("truncate", True))
             fit_prompt(tokens, state.generator.num_ctx(options), truncate)
-        except (OptionsError, PromptError, TemplateError, ContextError, TypeError) as exc:
+            run = Run(tokens, options, truncate, await _constraint(state, body.get("format")),
+                      _logprobs(body), body.get("shift", True) is not False,
+                      bool(body.get("return_context")),
+                      text.rstrip().endswith(THINK_OPEN))
+        except (OptionsError, PromptError, TemplateError, ContextError, TypeError,
+                FormatError) as exc:
             return _error(400, str(exc))
-        job = _stream(state, tokens, options, truncate)
+        job = _stream(state, run)
         return StreamingResponse(job, media_type="application/x-ndjson")
 
     async def embed(request: Request) -> Response:
@@ -250,6 +266,46 @@ def _prefix_cache_status(generator: Generator | None) -> dict[str, int]:
     return {"entries": len(cache), "bytes": cache.nbytes, "budget": cache.budget_bytes}
 
 
+@dataclass(frozen=True)
+class Run:
+    """One completion as the worker runs it."""
+
+    tokens: list[int]
+    options: Options
+    truncate: bool
+    constraint: TokenConstraint | None
+    logprobs: int | None  # alternatives per token; None: no logprobs
+    shift: bool
+    return_context: bool  # end with the token ids of prompt and answer (/api/generate)
+    thinking_opened: bool = False  # the template opened a reasoning block for the model
+
+
+def _context(value: Any) -> list[int]:
+    """/api/generate's `context`: the token ids a previous answer returned."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise PromptError("context must be a list of token ids")
+    return value
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """None when not asked for, else how many alternatives per token (0-20)."""
+    top = body.get("top_logprobs") or 0
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP:
+        raise OptionsError(f"top_logprobs must be an integer from 0 to {MAX_TOP}")
+    return top if body.get("logprobs") or top else None
+
+
+async def _constraint(state: RunnerState, fmt: Any) -> TokenConstraint | None:
+    """The grammar for a `format` ("json" or a schema); built off the event loop, since the
+    first one converts the vocabulary."""
+    if fmt is None or fmt == "" or state.grammar is None:
+        return None
+    return await asyncio.to_thread(state.grammar.constraint, fmt)
+
+
 async def _json(request: Request) -> Any:
     try:
         return await request.json()
@@ -257,8 +313,7 @@ async def _json(request: Request) -> Any:
         return None
 
 
-async def _stream(state: RunnerState, tokens: list[int], options: Options,
-                  truncate: bool) -> AsyncIterator[bytes]:
+async def _stream(state: RunnerState, run: Run) -> AsyncIterator[bytes]:
     """Run one generation on the worker; relay its pieces as NDJSON lines."""
     assert state.generator is not None
     generator = state.generator
@@ -272,8 +327,14 @@ async def _stream(state: RunnerState, tokens: list[int], options: Options,
 
         def job() -> None:
             try:
-                for item in generator.generate(tokens, options, cancel.is_set, truncate):
-                    put(item)
+                for item in generator.generate(run.tokens, run.options, cancel.is_set,
+                                               run.truncate, constraint=run.constraint,
+                                               logprobs=run.logprobs, shift=run.shift):
+                    if isinstance(item, Done) and run.return_context:
+                        eos = generator.tokenizer.eos_ids
+                        put((item, run.tokens + [t for t in generator.tokens if t not in eos]))
+                    else:
+                        put(item)
             except Exception as exc:  # reported to the client as the final line
                 log.exception("generation failed")
                 put(exc)
@@ -281,6 +342,9 @@ async def _stream(state: RunnerState, tokens: list[int], options: Options,
                 put(_END)
 
         state.worker.submit(job)
+        if run.thinking_opened:  # so the model server reads the answer from inside the block
+            yield (json.dumps({"content": "", "done": False, "thinking_opened": True})
+                   + "\n").encode()
         try:
             while (item := await pieces.get()) is not _END:
                 yield _line(item)
@@ -289,6 +353,9 @@ async def _stream(state: RunnerState, tokens: list[int], options: Options,
 
 
 def _line(item: Any) -> bytes:
+    context = None
+    if isinstance(item, tuple):
+        item, context = item
     if isinstance(item, Exception):
         message: dict[str, Any] = {"error": f"generation failed: {item}"}
     elif isinstance(item, Done):
@@ -299,6 +366,10 @@ def _line(item: Any) -> bytes:
                    "prompt_cached": item.prompt_cached}
         if item.draft is not None:
             message.update(draft_proposed=item.draft.proposed, draft_accepted=item.draft.accepted)
+        if context is not None:
+            message["context"] = context
+    elif isinstance(item, Logprob):
+        message = {"content": "", "logprobs": [item.to_json()], "done": False}
     else:
         message = {"content": item, "done": False}
     return (json.dumps(message) + "\n").encode()

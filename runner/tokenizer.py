@@ -102,16 +102,27 @@ class ModelTokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
-               add_generation_prompt: bool = True) -> str:
-        """The prompt text for a conversation: Modelfile TEMPLATE first, else HF template."""
-        if self.go_template is not None:
-            return self.go_template.render(messages)
+               add_generation_prompt: bool = True, think: bool | str | None = None,
+               suffix: str = "", template: GoTemplate | None = None) -> str:
+        """The prompt text for a conversation: `template` (a request's override), else the
+        Modelfile TEMPLATE, else the HF template; `suffix` fills a Go template's `.Suffix`.
+
+        `think` reaches Hugging Face templates as `enable_thinking` (Qwen3's switch) and, as a
+        level, `reasoning_effort` (gpt-oss); unset, the template's own default stands."""
+        go_template = template or self.go_template
+        if go_template is not None:
+            return go_template.render(messages, suffix)
         if self.hf_template is None:
             return "".join(str(m.get("content") or "") for m in messages)
+        extra: dict[str, Any] = {}
+        if think is not None:
+            extra["enable_thinking"] = think is not False
+        if isinstance(think, str):
+            extra["reasoning_effort"] = think
         try:
             return self.hf_template.render(messages=messages, tools=tools,
                                            add_generation_prompt=add_generation_prompt,
-                                           **self.special)
+                                           **self.special, **extra)
         except jinja2.exceptions.TemplateError as exc:
             raise PromptError(f"chat template failed: {exc}") from exc
 

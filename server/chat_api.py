@@ -25,29 +25,34 @@ from server.api_errors import APIError, error_message, read_json
 from server.chat_request import (
     ModelDefaults,
     expires_iso,
+    fill_in_fields,
     load_model_defaults,
+    logprob_fields,
     merge_options,
     now_iso,
     parse_keep_alive,
     parse_name,
     refuse_unsupported,
+    think_mode,
 )
 from server.completion import (
+    Answer,
     Calls,
     ClientGone,
     CompletionJob,
-    Item,
+    Logprobs,
     Stats,
+    Thinking,
     collect_while_connected,
     run_completion,
     start_stream,
 )
-from server.json_format import JSONFormat, with_instruction
+from server.conversation import normalise_messages
+from server.json_format import JSONFormat
 from server.scheduler import Scheduler
 from server.tool_calls import ToolCall, tool_names
 
 NDJSON = "application/x-ndjson"
-_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_name", "thinking")
 
 
 def _scheduler(request: Request) -> Scheduler:
@@ -63,27 +68,45 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
 
 
-def _piece(kind: str, model: str, text: str, calls: list[ToolCall] | None = None
-           ) -> dict[str, Any]:
-    content: Any = {"role": "assistant", "content": text} if kind == "message" else text
-    if calls:
-        content["tool_calls"] = [call.ollama() for call in calls]
-    return {"model": model, "created_at": now_iso(), kind: content, "done": False}
-
-
-def _final(kind: str, model: str, stats: Stats, text: str = "",
-           calls: list[ToolCall] | None = None) -> dict[str, Any]:
-    out = _piece(kind, model, text, calls)
-    out["done"] = True
-    out.update(stats.ollama_fields())
+def _piece(kind: str, model: str, text: str, calls: list[ToolCall] | None = None,
+           thinking: str = "") -> dict[str, Any]:
+    """A chat `message` (thinking and calls inside it) or a generate `response`/`thinking`."""
+    out: dict[str, Any] = {"model": model, "created_at": now_iso()}
+    if kind == "message":
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thinking:
+            message["thinking"] = thinking
+        if calls:
+            message["tool_calls"] = [call.ollama() for call in calls]
+        out["message"] = message
+    else:
+        out["response"] = text
+        if thinking:
+            out["thinking"] = thinking
+    out["done"] = False
     return out
 
 
-def _event(kind: str, model: str, item: Item) -> dict[str, Any]:
+def _final(kind: str, model: str, stats: Stats, answer: Answer | None = None
+           ) -> dict[str, Any]:
+    answer = answer or Answer()
+    out = _piece(kind, model, answer.text, answer.calls, answer.thinking)
+    out["done"] = True
+    out.update(stats.ollama_fields())
+    if kind == "response" and stats.context is not None:
+        out["context"] = stats.context  # deprecated in Ollama, still returned and accepted
+    if answer.logprobs is not None:
+        out["logprobs"] = answer.logprobs
+    return out
+
+
+def _event(kind: str, model: str, item: str | Thinking | Calls | Stats) -> dict[str, Any]:
     if isinstance(item, Stats):
         return _final(kind, model, item)
     if isinstance(item, Calls):
         return _piece(kind, model, "", item.calls)
+    if isinstance(item, Thinking):
+        return _piece(kind, model, "", thinking=item.text)
     return _piece(kind, model, item)
 
 
@@ -93,17 +116,24 @@ async def _respond(request: Request, kind: str, model: str, job: CompletionJob,
     items = run_completion(job)
     if not stream:
         try:
-            text, calls, stats = await collect_while_connected(items, request.is_disconnected)
+            answer = await collect_while_connected(items, request.is_disconnected)
         except ClientGone:
             return Response(status_code=499)  # nobody is listening; the runner has stopped
-        return JSONResponse(_final(kind, model, stats, text, calls))
+        return JSONResponse(_final(kind, model, answer.stats, answer))
     first, rest = await start_stream(items)
 
     async def body() -> AsyncIterator[bytes]:
+        pending: list[dict[str, Any]] = []  # logprobs ride on the next piece out
         try:
             item = first
             while item is not None:
-                yield _line(_event(kind, model, item))
+                if isinstance(item, Logprobs):
+                    pending += item.entries
+                else:
+                    event = _event(kind, model, item)
+                    if pending:
+                        event["logprobs"], pending = pending, []
+                    yield _line(event)
                 item = await anext(rest, None)
         except (FerryError, OSError) as exc:
             yield _line({"error": error_message(exc)})
@@ -128,12 +158,6 @@ async def _load_or_unload(request: Request, kind: str, model: ModelDefaults, sho
     return JSONResponse(_final(kind, shown, stats))
 
 
-def _refuse_fields(body: dict[str, Any], *names: str) -> None:
-    for field in names:
-        if body.get(field):
-            raise APIError(400, f"{field} is not supported by ferry's runner")
-
-
 async def generate(request: Request) -> Response:
     """POST /api/generate."""
     started = time.monotonic()
@@ -145,14 +169,25 @@ async def generate(request: Request) -> Response:
     if not isinstance(prompt, str):
         raise APIError(400, "prompt must be a string")
     refuse_unsupported(model, body, bool(body.get("images")))
-    _refuse_fields(body, "suffix", "template", "context")
     if not prompt:
         return await _load_or_unload(request, "response", model, shown, keep_alive)
     fmt = JSONFormat.parse(body.get("format"))
-    runner_body = _generate_body(model, body, prompt, fmt)
-    job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started)
+    think = think_mode(model, body.get("think"))
+    runner_body = generate_runner_body(model, body, prompt, fmt)
+    job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started,
+                        think=think)
     return await _respond(request, "response", shown, job,
                           body.get("stream", True) is not False)
+
+
+def generate_runner_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
+                         fmt: JSONFormat | None) -> dict[str, Any]:
+    """The runner's body for a generate request (also used by /v1/completions)."""
+    out = {**_generate_body(model, body, prompt, fmt), **logprob_fields(body),
+           **fill_in_fields(model, body), "return_context": True}
+    if body.get("context"):
+        out["context"] = body["context"]
+    return out
 
 
 def _generate_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
@@ -160,13 +195,17 @@ def _generate_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
     """Raw prompts go verbatim; others render as [system?, seed messages..., user]."""
     out: dict[str, Any] = {"options": merge_options(model, body.get("options")),
                            "truncate": body.get("truncate", True) is not False}
+    if fmt is not None:
+        out["format"] = fmt.runner_value()
+    if body.get("think") is not None:
+        out["think"] = body["think"]
+    if body.get("shift") is False:
+        out["shift"] = False
     if body.get("raw"):
         return {**out, "prompt": prompt, "raw": True}
     system = body.get("system") or model.system
     messages = [{"role": "system", "content": system}] if system else []
     messages += [*model.messages, {"role": "user", "content": prompt}]
-    if fmt is not None:
-        messages = with_instruction(messages, fmt)
     return {**out, "messages": messages}
 
 
@@ -177,11 +216,7 @@ def chat_messages(model: ModelDefaults, raw: Any) -> tuple[list[dict[str, Any]],
     if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
         raise APIError(400, "messages must be a list of objects")
     has_images = any(m.get("images") for m in raw)
-    cleaned = []
-    for message in raw:
-        if not isinstance(message.get("role"), str):
-            raise APIError(400, "every message needs a role")
-        cleaned.append({k: message[k] for k in _MESSAGE_KEYS if message.get(k) is not None})
+    cleaned = normalise_messages(raw)
     if not cleaned:
         return [], has_images
     messages = [*model.messages, *cleaned]
@@ -202,21 +237,28 @@ async def chat(request: Request) -> Response:
     if not messages:
         return await _load_or_unload(request, "message", model, shown, keep_alive)
     fmt = JSONFormat.parse(body.get("format"))
+    think = think_mode(model, body.get("think"))
     runner_body = chat_runner_body(model, messages, body.get("options"), body.get("tools"),
-                                   fmt, body.get("truncate", True) is not False)
+                                   fmt, body.get("truncate", True) is not False, body.get("think"))
+    runner_body.update(logprob_fields(body))
+    if body.get("shift") is False:
+        runner_body["shift"] = False
     job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started,
-                        tool_names(body.get("tools")))
+                        tool_names(body.get("tools")), think)
     return await _respond(request, "message", shown, job,
                           body.get("stream", True) is not False)
 
 
 def chat_runner_body(model: ModelDefaults, messages: list[dict[str, Any]], options: Any,
-                     tools: Any, fmt: JSONFormat | None, truncate: bool) -> dict[str, Any]:
+                     tools: Any, fmt: JSONFormat | None, truncate: bool,
+                     think: Any = None) -> dict[str, Any]:
     """The runner's /v1/completions body for a conversation (also used by the OpenAI route)."""
-    if fmt is not None:
-        messages = with_instruction(messages, fmt)
     out: dict[str, Any] = {"messages": messages, "options": merge_options(model, options),
                            "truncate": truncate}
+    if fmt is not None:
+        out["format"] = fmt.runner_value()
+    if think is not None:
+        out["think"] = think
     if tools:
         if not isinstance(tools, list):
             raise APIError(400, "tools must be a list")

@@ -14,14 +14,17 @@ from typing import Any
 
 from registry import media_types as mt
 from registry.manifests import Manifest, ModelConfig
+from registry.model_show import template_capabilities
 from registry.names import Name
 from registry.store import Store
 from server.api_errors import APIError
 from server.durations import InvalidDuration, parse_duration
+from server.output_parser import ThinkMode
 
 # Options the runner understands (docs/runner-protocol.md); Ollama ignores the rest too.
 RUNNER_OPTIONS = frozenset({"temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-                            "repeat_last_n", "seed", "stop", "num_predict", "num_ctx"})
+                            "repeat_last_n", "seed", "stop", "num_predict", "num_ctx",
+                            "num_keep"})
 FOREVER_YEARS = 290
 _LAYER_LIMIT = 1024 * 1024
 
@@ -37,10 +40,13 @@ class ModelDefaults:
     params: dict[str, Any] = field(default_factory=dict)
     system: str | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)
+    template: str = ""
 
     @property
     def capabilities(self) -> list[str]:
-        return list(self.config.capabilities or ["completion"])
+        """As /api/show lists them: the config's, then what the Modelfile TEMPLATE renders."""
+        found = [*(self.config.capabilities or []), *template_capabilities(self.template)]
+        return list(dict.fromkeys(found)) or ["completion"]
 
     def details(self) -> dict[str, Any]:
         """Ollama's `details` object, from the config blob."""
@@ -71,6 +77,8 @@ def load_model_defaults(store: Store, name: Name) -> ModelDefaults:
         loaded = json.loads(params)
         model.params = loaded if isinstance(loaded, dict) else {}
     model.system = _layer_text(store, manifest, mt.SYSTEM)
+    model.template = (_layer_text(store, manifest, mt.TEMPLATE)
+                      or _layer_text(store, manifest, mt.PROMPT) or "")
     messages = _layer_text(store, manifest, mt.MESSAGES)
     if messages:
         loaded = json.loads(messages)
@@ -121,10 +129,39 @@ def refuse_unsupported(model: ModelDefaults, body: dict[str, Any], has_images: b
         raise APIError(400, f'"{shown}" does not support images: it is a text-only model')
     if has_images:
         raise APIError(400, "image input is not supported by ferry's runner yet")
-    if body.get("think") not in (None, False):
-        raise APIError(400, f'"{shown}" does not support thinking')
-    if body.get("logprobs"):
-        raise APIError(400, "logprobs are not supported by ferry's runner")
+    if body.get("tools") and "tools" not in caps:
+        raise APIError(400, f'"{shown}" does not support tools')
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int)
+                            or not 0 <= top <= 20):
+        raise APIError(400, "top_logprobs must be an integer from 0 to 20")
+
+
+def logprob_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The runner request's `logprobs`/`top_logprobs`, when the client asked for them."""
+    if not body.get("logprobs") and not body.get("top_logprobs"):
+        return {}
+    return {"logprobs": True, "top_logprobs": int(body.get("top_logprobs") or 0)}
+
+
+THINK_LEVELS = ("low", "medium", "high")
+
+
+def think_mode(model: ModelDefaults, think: Any) -> ThinkMode:
+    """How to treat reasoning: `think` true or a level needs the `thinking` capability.
+
+    Unset, a reasoning model's thinking still goes to `thinking`; false asks the template not
+    to reason and drops any reasoning the model writes regardless.
+    """
+    capable = "thinking" in model.capabilities
+    if think is not None and not isinstance(think, bool) and think not in THINK_LEVELS:
+        raise APIError(400, f"invalid think value {think!r}: expected true, false, "
+                            '"low", "medium" or "high"')
+    if think not in (None, False) and not capable:
+        raise APIError(400, f'"{model.name.display_shortest()}" does not support thinking')
+    if not capable:
+        return ThinkMode.OFF
+    return ThinkMode.HIDE if think is False else ThinkMode.SHOW
 
 
 def now_iso() -> str:
@@ -141,3 +178,23 @@ def expires_iso(until: float | None) -> str:
     if until is None:
         return iso_time(datetime.now(UTC) + timedelta(days=365 * FOREVER_YEARS))
     return iso_time(datetime.fromtimestamp(until, UTC))
+
+
+def fill_in_fields(model: ModelDefaults, body: dict[str, Any]) -> dict[str, Any]:
+    """/api/generate's `template` override and `suffix` (fill-in-the-middle) for the runner.
+
+    A suffix needs a template that writes `.Suffix` (the `insert` capability), as in Ollama."""
+    out: dict[str, Any] = {}
+    template, suffix = body.get("template"), body.get("suffix")
+    if template is not None and not isinstance(template, str):
+        raise APIError(400, "template must be a string")
+    if suffix is not None and not isinstance(suffix, str):
+        raise APIError(400, "suffix must be a string")
+    if template:
+        out["template"] = template
+    if suffix:
+        caps = template_capabilities(template) if template else model.capabilities
+        if "insert" not in caps:
+            raise APIError(400, f'"{model.name.display_shortest()}" does not support insert')
+        out["suffix"] = suffix
+    return out

@@ -1,8 +1,9 @@
 """One completion through the scheduler, shared by the Ollama and OpenAI routes.
 
-`run_completion` acquires a runner, streams its text pieces and ends with one `Stats`; a
-`format` makes it buffer each attempt and emit only JSON that validated (runner/json_format.py),
-and offered `tools` make it buffer the answer and emit the calls in it (runner/tool_calls.py).
+`run_completion` acquires a runner, streams its pieces and ends with one `Stats`. The answer
+goes through server/output_parser.py, which splits reasoning (`Thinking`), text and tool calls
+(`Calls`, each as soon as it is complete) as they stream; a `format` is enforced by the runner's
+grammar, so that answer is plain text.
 `start_stream` pulls the first item before a response is chosen, so an error before any output
 (unknown model, failed load) is a plain HTTP error and one after it a final error line or event
 (reference 4.1).
@@ -17,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry.names import Name
-from server.json_format import MAX_ATTEMPTS, JSONFormat
+from server.json_format import JSONFormat
+from server.output_parser import Calls, OutputParser, Thinking, ThinkMode
 from server.scheduler import Lease, Scheduler
-from server.tool_calls import ToolCall, parse_tool_calls
+from server.tool_calls import ToolCall
 
 
 @dataclass
@@ -33,10 +35,17 @@ class Stats:
     eval_duration: int = 0
     load_duration: int = 0
     total_duration: int = 0
+    prompt_cached: int = 0  # of prompt_eval_count, tokens reused from the runner's prefix cache
+    context: list[int] | None = None  # prompt and answer token ids, when the runner returned them
 
     def add_runner_final(self, message: dict[str, Any]) -> None:
+        """The runner counts evaluated tokens; Ollama reports the whole prompt, cached or not."""
         self.done_reason = str(message.get("done_reason") or "stop")
-        self.prompt_eval_count += int(message.get("prompt_eval_count") or 0)
+        cached = int(message.get("prompt_cached") or 0)
+        self.prompt_eval_count += int(message.get("prompt_eval_count") or 0) + cached
+        self.prompt_cached += cached
+        if isinstance(message.get("context"), list):
+            self.context = message["context"]
         self.prompt_eval_duration += int(message.get("prompt_eval_duration") or 0)
         self.eval_count += int(message.get("eval_count") or 0)
         self.eval_duration += int(message.get("eval_duration") or 0)
@@ -46,17 +55,18 @@ class Stats:
                 "load_duration": self.load_duration,
                 "prompt_eval_count": self.prompt_eval_count,
                 "prompt_eval_duration": self.prompt_eval_duration,
-                "eval_count": self.eval_count, "eval_duration": self.eval_duration}
+                "eval_count": self.eval_count, "eval_duration": self.eval_duration,
+                "prompt_cached_count": self.prompt_cached}
 
 
 @dataclass(frozen=True)
-class Calls:
-    """The tool calls found in an answer (emitted after any remaining text)."""
+class Logprobs:
+    """Log-probabilities of the tokens generated since the last piece (Ollama's entries)."""
 
-    calls: list[ToolCall]
+    entries: list[dict[str, Any]]
 
 
-Item = str | Calls | Stats
+Item = str | Thinking | Calls | Logprobs | Stats
 
 
 @dataclass
@@ -70,6 +80,7 @@ class CompletionJob:
     fmt: JSONFormat | None
     started: float  # time.monotonic() when the request arrived
     tool_names: set[str] = field(default_factory=set)
+    think: ThinkMode = ThinkMode.OFF
 
 
 async def run_completion(job: CompletionJob) -> AsyncIterator[Item]:
@@ -77,13 +88,7 @@ async def run_completion(job: CompletionJob) -> AsyncIterator[Item]:
     lease = await job.scheduler.acquire(job.name, job.keep_alive)
     try:
         stats = Stats(load_duration=int(lease.load_duration * 1e9))
-        if job.fmt is not None:
-            pieces: AsyncIterator[str | Calls] = _constrained(lease, job.body, job.fmt, stats)
-        elif job.tool_names:
-            pieces = _with_tools(lease, job.body, job.tool_names, stats)
-        else:
-            pieces = _plain(lease, job.body, stats)
-        async for piece in pieces:
+        async for piece in _parsed(lease, job, stats):
             yield piece
         stats.total_duration = int((time.monotonic() - job.started) * 1e9)
         yield stats
@@ -91,49 +96,32 @@ async def run_completion(job: CompletionJob) -> AsyncIterator[Item]:
         lease.release()
 
 
-async def _plain(lease: Lease, body: dict[str, Any], stats: Stats) -> AsyncIterator[str]:
+async def _plain(lease: Lease, body: dict[str, Any], stats: Stats,
+                 parser: OutputParser | None = None) -> AsyncIterator[str | Logprobs]:
     async for message in lease.complete(body):
         if message.get("done"):
             stats.add_runner_final(message)
-        elif message.get("content"):
+            continue
+        if message.get("thinking_opened") and parser is not None:
+            parser.open_thinking()
+        if message.get("logprobs"):
+            yield Logprobs(list(message["logprobs"]))
+        if message.get("content"):
             yield str(message["content"])
 
 
-async def _with_tools(lease: Lease, body: dict[str, Any], names: set[str],
-                      stats: Stats) -> AsyncIterator[str | Calls]:
-    """Buffer the answer, since a call is only recognisable whole; then text, then calls."""
-    text = "".join([piece async for piece in _plain(lease, body, stats)])
-    content, calls = parse_tool_calls(text, names)
-    if content:
-        yield content
-    if calls:
-        yield Calls(calls)
-
-
-async def _constrained(lease: Lease, body: dict[str, Any], fmt: JSONFormat,
-                       stats: Stats) -> AsyncIterator[str]:
-    """Buffer each attempt; yield the first answer that is valid for `fmt`, or raise."""
-    for attempt in range(MAX_ATTEMPTS):
-        request = _with_retry_seed(body, attempt)
-        text = ""
-        async for message in lease.complete(request):
-            if message.get("done"):
-                stats.add_runner_final(message)
-            else:
-                text += str(message.get("content") or "")
-        accepted = fmt.accept(text)
-        if accepted is not None:
-            yield accepted
-            return
-    raise fmt.failure()
-
-
-def _with_retry_seed(body: dict[str, Any], attempt: int) -> dict[str, Any]:
-    """A retry must sample differently: a fixed seed moves on by the attempt number."""
-    options = body.get("options") or {}
-    if attempt == 0 or "seed" not in options:
-        return body
-    return {**body, "options": {**options, "seed": int(options["seed"]) + attempt}}
+async def _parsed(lease: Lease, job: CompletionJob,
+                  stats: Stats) -> AsyncIterator[str | Thinking | Calls | Logprobs]:
+    # a grammar-constrained answer is the JSON itself: nothing in it is reasoning
+    parser = OutputParser(ThinkMode.OFF if job.fmt is not None else job.think, job.tool_names)
+    async for text in _plain(lease, job.body, stats, parser):
+        if isinstance(text, Logprobs):
+            yield text
+            continue
+        for piece in parser.feed(text):
+            yield piece
+    for piece in parser.finish():
+        yield piece
 
 
 async def start_stream(items: AsyncIterator[Item]) -> tuple[Item | None, AsyncIterator[Item]]:
@@ -149,9 +137,20 @@ class ClientGone(Exception):
     """The client disconnected before a non-streaming answer was ready."""
 
 
+@dataclass
+class Answer:
+    """A whole completion, for non-streaming responses."""
+
+    text: str = ""
+    thinking: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+    logprobs: list[dict[str, Any]] | None = None
+
+
 async def collect_while_connected(items: AsyncIterator[Item],
                                   is_disconnected: Callable[[], Awaitable[bool]],
-                                  poll: float = 0.25) -> tuple[str, list[ToolCall], Stats]:
+                                  poll: float = 0.25) -> Answer:
     """`collect`, but a client that goes away cancels the generation (and frees the runner)."""
     task = asyncio.ensure_future(collect(items))
     try:
@@ -167,14 +166,18 @@ async def collect_while_connected(items: AsyncIterator[Item],
             await asyncio.wait({task})
 
 
-async def collect(items: AsyncIterator[Item]) -> tuple[str, list[ToolCall], Stats]:
-    """The whole text, the tool calls and the final Stats, for non-streaming responses."""
-    text, calls, stats = "", [], Stats()
+async def collect(items: AsyncIterator[Item]) -> Answer:
+    """The whole text, reasoning, tool calls and the final Stats."""
+    answer = Answer()
     async for item in items:
         if isinstance(item, Stats):
-            stats = item
+            answer.stats = item
         elif isinstance(item, Calls):
-            calls += item.calls
+            answer.calls += item.calls
+        elif isinstance(item, Thinking):
+            answer.thinking += item.text
+        elif isinstance(item, Logprobs):
+            answer.logprobs = (answer.logprobs or []) + item.entries
         else:
-            text += item
-    return text, calls, stats
+            answer.text += item
+    return answer

@@ -1,9 +1,8 @@
-"""`format: "json"` and JSON-schema formats, enforced by validation and retry.
+"""`format: "json"` and JSON-schema formats: checked here, enforced by the runner's grammar.
 
-The runner samples freely (no grammar), so the model server asks for JSON in the system prompt,
-collects the whole answer, extracts the first JSON value in it, validates it (against the schema
-when one is given), and retries with a new seed when that fails. A client only ever sees JSON
-that passed; after `MAX_ATTEMPTS` misses the request fails with a 500 that says so.
+The model server refuses a malformed format or schema with a 400 before any runner is involved;
+the runner then masks the logits at every step (runner/constrain.py), so the answer streams
+token by token and is valid JSON (for the schema) in one pass, as Ollama's is.
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ from typing import Any
 import jsonschema
 
 from server.api_errors import APIError
-
-MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -46,52 +43,6 @@ class JSONFormat:
             raise APIError(400, f"invalid JSON schema in format: {exc.message}") from exc
         return cls(schema=value)
 
-    def instruction(self) -> str:
-        """The system-prompt text that asks the model for this format."""
-        text = "Respond only with valid JSON, no prose and no code fences."
-        if self.schema is not None:
-            text += " The JSON must match this JSON schema: " + json.dumps(self.schema)
-        return text
-
-    def accept(self, text: str) -> str | None:
-        """The first JSON value in `text`, re-serialized, if it satisfies the format."""
-        for value in _json_values(text):
-            if self.schema is None:
-                if isinstance(value, dict | list):
-                    return json.dumps(value)
-                continue
-            if jsonschema.validators.validator_for(self.schema)(self.schema).is_valid(value):
-                return json.dumps(value)
-        return None
-
-    def failure(self) -> APIError:
-        what = "JSON matching the requested schema" if self.schema is not None else "valid JSON"
-        return APIError(500, f"the model did not produce {what} in {MAX_ATTEMPTS} attempts")
-
-
-def _json_values(text: str) -> list[Any]:
-    """Every JSON object or array that starts at a `{` or `[` in `text` and parses."""
-    decoder = json.JSONDecoder()
-    found = []
-    for index, char in enumerate(text):
-        if char in "{[":
-            try:
-                value, _ = decoder.raw_decode(text, index)
-            except json.JSONDecodeError:
-                continue
-            found.append(value)
-            if len(found) >= 8:
-                break
-    return found
-
-
-def with_instruction(messages: list[dict[str, Any]], fmt: JSONFormat) -> list[dict[str, Any]]:
-    """Messages with the format instruction added to the leading system message (or a new one).
-
-    Many chat templates allow a system message only first, so the instruction joins that one.
-    """
-    if messages and messages[0].get("role") == "system":
-        first = dict(messages[0])
-        first["content"] = f"{first.get('content') or ''}\n\n{fmt.instruction()}".strip()
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": fmt.instruction()}, *messages]
+    def runner_value(self) -> Any:
+        """What the runner's grammar takes: "json" or the schema."""
+        return self.schema if self.schema is not None else "json"

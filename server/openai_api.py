@@ -21,13 +21,22 @@ from starlette.routing import Route
 from registry.errors import FerryError
 from server.api_errors import APIError, error_message, read_json, status_for
 from server.chat_api import chat_messages, chat_runner_body
-from server.chat_request import load_model_defaults, parse_name, refuse_unsupported
+from server.chat_request import (
+    THINK_LEVELS,
+    load_model_defaults,
+    logprob_fields,
+    parse_name,
+    refuse_unsupported,
+    think_mode,
+)
 from server.completion import (
     Calls,
     ClientGone,
     CompletionJob,
     Item,
+    Logprobs,
     Stats,
+    Thinking,
     collect_while_connected,
     run_completion,
     start_stream,
@@ -86,27 +95,29 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
         converted: dict[str, Any] = {"role": message.get("role"), "content": text}
         if image:
             converted["images"] = ["(image)"]
-        if message.get("tool_calls"):
-            converted["tool_calls"] = _ollama_tool_calls(message["tool_calls"])
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if message.get(key):
+                converted[key] = message[key]
+        if message.get("reasoning"):
+            converted["thinking"] = message["reasoning"]
         out.append(converted)
     return out
 
 
-def _ollama_tool_calls(calls: Any) -> list[dict[str, Any]]:
-    """An assistant turn's OpenAI tool calls (arguments as a JSON string) in Ollama's shape."""
-    out = []
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            raise APIError(400, "every tool call needs a function")
-        arguments = function.get("arguments") or {}
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError as exc:
-                raise APIError(400, f"tool call arguments are not JSON: {exc}") from exc
-        out.append({"function": {"name": function.get("name"), "arguments": arguments}})
-    return out
+def _think(body: dict[str, Any]) -> bool | str | None:
+    """`reasoning_effort` (or `reasoning.effort`) as Ollama's `think`; "none" turns it off."""
+    reasoning = body.get("reasoning")
+    effort = body.get("reasoning_effort")
+    if effort is None and isinstance(reasoning, dict):
+        effort = reasoning.get("effort")
+    if effort is None:
+        return None
+    if effort == "none":
+        return False
+    if effort not in THINK_LEVELS:
+        raise APIError(400, f"invalid reasoning_effort {effort!r}: expected \"low\", "
+                            '"medium", "high" or "none"')
+    return str(effort)
 
 
 def _options(body: dict[str, Any]) -> dict[str, Any]:
@@ -137,22 +148,20 @@ def _format(body: dict[str, Any]) -> JSONFormat | None:
     return None
 
 
-def _tool_calls(calls: list[ToolCall], stream: bool) -> list[dict[str, Any]]:
-    out = []
-    for index, call in enumerate(calls):
-        entry = {"id": f"call_{secrets.token_hex(6)}", "type": "function",
-                 "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
-        out.append({"index": index, **entry} if stream else entry)
-    return out
+def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    return [{"index": call.index, "id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
+            for call in calls]
 
 
 def _finish(stats: Stats, calls: bool) -> str:
     return "tool_calls" if calls else FINISH.get(stats.done_reason, "stop")
 
 
-def _usage(stats: Stats) -> dict[str, int]:
+def _usage(stats: Stats) -> dict[str, Any]:
     return {"prompt_tokens": stats.prompt_eval_count, "completion_tokens": stats.eval_count,
-            "total_tokens": stats.prompt_eval_count + stats.eval_count}
+            "total_tokens": stats.prompt_eval_count + stats.eval_count,
+            "prompt_tokens_details": {"cached_tokens": stats.prompt_cached}}
 
 
 @openai_errors
@@ -163,25 +172,33 @@ async def chat_completions(request: Request) -> Response:
     name = parse_name(body.get("model"))
     model = await asyncio.to_thread(load_model_defaults, request.app.state.store, name)
     messages, has_images = chat_messages(model, _messages(body.get("messages")))
-    refuse_unsupported(model, {}, has_images)
+    refuse_unsupported(model, {"tools": body.get("tools"),
+                               "top_logprobs": body.get("top_logprobs")}, has_images)
     fmt = _format(body)
-    runner_body = chat_runner_body(model, messages, _options(body), body.get("tools"), fmt, True)
+    think = _think(body)
+    runner_body = chat_runner_body(model, messages, _options(body), body.get("tools"), fmt, True,
+                                   think)
+    runner_body.update(logprob_fields(body))
     job = CompletionJob(request.app.state.scheduler, name, runner_body, None, fmt, started,
-                        tool_names(body.get("tools")))
+                        tool_names(body.get("tools")), think_mode(model, think))
     base = {"id": f"chatcmpl-{secrets.token_hex(8)}", "created": int(time.time()),
             "model": body["model"], "system_fingerprint": "fp_ferry"}
     if not body.get("stream"):
         try:
-            text, calls, stats = await collect_while_connected(run_completion(job),
-                                                               request.is_disconnected)
+            answer = await collect_while_connected(run_completion(job),
+                                                   request.is_disconnected)
         except ClientGone:
             return Response(status_code=499)  # nobody is listening; the runner has stopped
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if calls:
-            message["tool_calls"] = _tool_calls(calls, stream=False)
-        choice = {"index": 0, "message": message, "finish_reason": _finish(stats, bool(calls))}
+        message: dict[str, Any] = {"role": "assistant", "content": answer.text}
+        if answer.thinking:
+            message["reasoning"] = answer.thinking
+        if answer.calls:
+            message["tool_calls"] = _tool_calls(answer.calls)
+        choice = {"index": 0, "message": message,
+                  "finish_reason": _finish(answer.stats, bool(answer.calls)),
+                  "logprobs": {"content": answer.logprobs} if answer.logprobs else None}
         return JSONResponse({**base, "object": "chat.completion", "choices": [choice],
-                             "usage": _usage(stats)})
+                             "usage": _usage(answer.stats)})
     options = body.get("stream_options") or {}
     usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
     first, rest = await start_stream(run_completion(job))
@@ -196,21 +213,34 @@ async def _sse(base: dict[str, Any], first: Item | None, rest: AsyncIterator[Ite
         return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
 
     called = False
+    pending: list[dict[str, Any]] = []  # logprobs ride on the next delta out
+
+    def choice(delta: dict[str, Any]) -> dict[str, Any]:
+        nonlocal pending
+        out = {"index": 0, "delta": delta, "finish_reason": None}
+        if pending:
+            out["logprobs"], pending = {"content": pending}, []
+        return out
+
     try:
         item = first
         while item is not None:
-            if isinstance(item, Stats):
+            if isinstance(item, Logprobs):
+                pending += item.entries
+            elif isinstance(item, Stats):
                 finish = _finish(item, called)
                 yield event([{"index": 0, "delta": {}, "finish_reason": finish}])
                 if include_usage:
                     yield event([], usage=_usage(item))
             elif isinstance(item, Calls):
                 called = True
-                delta = {"role": "assistant", "tool_calls": _tool_calls(item.calls, True)}
-                yield event([{"index": 0, "delta": delta, "finish_reason": None}])
+                delta = {"role": "assistant", "tool_calls": _tool_calls(item.calls)}
+                yield event([choice(delta)])
+            elif isinstance(item, Thinking):
+                yield event([choice({"role": "assistant", "content": "",
+                                     "reasoning": item.text})])
             else:
-                delta = {"role": "assistant", "content": item}
-                yield event([{"index": 0, "delta": delta, "finish_reason": None}])
+                yield event([choice({"role": "assistant", "content": item})])
             item = await anext(rest, None)
     except (FerryError, OSError) as exc:
         error = {"error": {"message": error_message(exc), "type": "api_error"}}

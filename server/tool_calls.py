@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -19,11 +20,19 @@ _MISTRAL = "[TOOL_CALLS]"
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One call; `index` is its place in the answer, `id` what a tool result answers (/v1)."""
+
     name: str
     arguments: dict[str, Any]
+    index: int = 0
+    id: str = field(default_factory=lambda: f"call_{secrets.token_hex(6)}", compare=False)
 
     def ollama(self) -> dict[str, Any]:
-        return {"function": {"name": self.name, "arguments": self.arguments}}
+        return {"id": self.id, "function": {"index": self.index, "name": self.name,
+                                            "arguments": self.arguments}}
+
+    def numbered(self, index: int) -> ToolCall:
+        return replace(self, index=index)
 
 
 def tool_names(tools: Any) -> set[str]:

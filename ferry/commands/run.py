@@ -18,22 +18,14 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ferry.answer_printer import AnswerPrinter
+from ferry.chat_commands import LEVELS, handle_command
 from ferry.client import CLIError, ServerClient
 from ferry.commands.models import human_bytes, human_time, table
 from ferry.config import Settings
 from ferry.progress import show_progress
 from server.scheduler import runner_env
 
-HELP = """Available Commands:
-  /set system <text>             Set the system message
-  /set parameter <name> <value>  Set an option, e.g. /set parameter temperature 0.2
-  /set verbose | quiet           Show or hide timings after each answer
-  /clear                         Clear session context
-  /bye                           Exit
-  /?, /help                      Help for a command
-
-Use \"\"\" to begin a multi-line message.
-"""
 FOREVER = timedelta(days=365 * 100)
 
 
@@ -44,6 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--format", help='"json" or a JSON schema the answer must match')
     run.add_argument("--keepalive", help="how long the model stays loaded (5m, 1h, 0, -1)")
     run.add_argument("--verbose", action="store_true", help="print timings after each answer")
+    run.add_argument("--think", nargs="?", const="true", choices=["true", "false", *LEVELS],
+                     help="let a reasoning model think first (optionally: low, medium, high)")
+    run.add_argument("--hidethinking", action="store_true",
+                     help="reason, but print only the answer")
+    run.add_argument("--nowordwrap", action="store_true",
+                     help="do not wrap words at the terminal width")
     run.add_argument("--insecure", action="store_true",
                      help="when pulling, allow a private registry over plain http")
     run.set_defaults(func=run_model)
@@ -69,6 +67,9 @@ class Chat:
         self.system: str | None = None
         self.options: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
+        self.think: bool | str | None = _think_value(args.think)
+        self.hide_thinking = bool(args.hidethinking)
+        self.wordwrap = sys.stdout.isatty() and not args.nowordwrap
         if args.keepalive is not None:
             self.extra["keep_alive"] = args.keepalive
         if args.format:
@@ -87,18 +88,30 @@ class Chat:
                 **self.extra}
         if self.options:
             body["options"] = self.options
-        answer, final = "", {}
+        if self.think is not None:
+            body["think"] = self.think
+        printer = AnswerPrinter(show_thinking=not self.hide_thinking, wrap=self.wordwrap)
+        final: dict[str, Any] = {}
         for event in self.client.stream("/api/chat", body):
-            piece = (event.get("message") or {}).get("content") or ""
-            answer += piece
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+            message = event.get("message") or {}
+            printer.thinking(message.get("thinking") or "")
+            printer.content(message.get("content") or "")
             if event.get("done"):
                 final = event
-        self.messages = [*request, {"role": "assistant", "content": answer}]
-        if self.verbose:
+        reply = {"role": "assistant", "content": printer.answer}
+        if printer.reasoning:
+            reply["thinking"] = printer.reasoning  # passed back, as Ollama does
+        self.messages = [*request, reply]
+        printer.end()
+        if self.verbose:  # after the answer's line, never glued to it
             print_stats(final)
-        return answer
+        return printer.answer
+
+
+def _think_value(value: str | None) -> bool | str | None:
+    if value is None or value in LEVELS:
+        return value
+    return value == "true"
 
 
 def _parse_format(value: str) -> Any:
@@ -139,7 +152,6 @@ def run_model(args: argparse.Namespace, settings: Settings) -> int:
         chat = Chat(client, args)
         if prompt:
             chat.send(prompt)
-            print()
             return 0
         chat.load(timeout=settings.load_timeout + 30)
         return interactive(chat)
@@ -189,54 +201,7 @@ def interactive(chat: Chat) -> int:
             continue
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops this answer only
             chat.send(text)
-        print("\n")
-
-
-def handle_command(chat: Chat, command: str) -> bool:
-    """Run a slash command; True means leave the session."""
-    word = command.split()[0]
-    if word in ("/bye", "/exit"):
-        return True
-    if word == "/clear":
-        chat.messages = []
-        print("Cleared session context")
-    elif word == "/set":
-        set_command(chat, command.split(None, 2)[1:])
-    elif word in ("/?", "/help"):
-        print(HELP)
-    else:
-        print(f"Unknown command '{word}'. Type /? for help")
-    return False
-
-
-def set_command(chat: Chat, words: list[str]) -> None:
-    """`/set system <text>`, `/set parameter <name> <value>`, `/set verbose|quiet`."""
-    what, rest = [*words, "", ""][:2]
-    if what == "system" and rest:
-        chat.system = rest
-        print("Set system message.")
-    elif what == "parameter" and len(rest.split()) == 2:
-        name, raw = rest.split()
-        value = _parameter_value(raw)
-        if name == "stop":
-            chat.options.setdefault("stop", []).append(raw)
-        else:
-            chat.options[name] = value
-        print(f"Set parameter '{name}' to '{raw}'")
-    elif what in ("verbose", "quiet"):
-        chat.verbose = what == "verbose"
-        print(f"Set '{what}' mode.")
-    else:
-        print("Usage: /set system <text> | /set parameter <name> <value> | /set verbose|quiet")
-
-
-def _parameter_value(raw: str) -> Any:
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            continue
-    return raw
+        print()
 
 
 # -- autostart -------------------------------------------------------------------------------------

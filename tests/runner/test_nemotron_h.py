@@ -171,4 +171,5 @@ def test_api_generate_runs_a_created_nemotron_model(tmp_path, checkpoint):
                    timeout=30)
     assert first["done"] and first["eval_count"] > 0, first
     assert again["response"] == first["response"]
-    assert again["prompt_eval_count"] < first["prompt_eval_count"]  # resumed from the trie
+    assert again["prompt_eval_count"] == first["prompt_eval_count"]  # the whole prompt
+    assert again["prompt_cached_count"] > first.get("prompt_cached_count", 0)  # from the trie

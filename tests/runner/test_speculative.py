@@ -204,3 +204,18 @@ def test_a_second_turn_reuses_target_and_draft_caches(loaded_self):
     assert done.prompt_cached == len(PROMPT) + 22 and done.prompt_eval_count == 5
     assert warm.tokens == cold.tokens
     assert done.draft is not None and done.draft.accepted == done.draft.proposed > 0
+
+
+def test_the_draft_steps_aside_when_logprobs_are_asked_for(loaded_self):
+    from runner.logprobs import Logprob
+
+    loaded, tokenizer = loaded_self
+    generator = Generator(loaded.model, tokenizer, loaded.context_length, draft=loaded.draft)
+    items = list(generator.generate(PROMPT, Options(temperature=0, num_predict=12),
+                                    logprobs=2))
+    done = items.pop()
+    logprobs = [i for i in items if isinstance(i, Logprob)]
+    assert done.draft is None and len(logprobs) == done.eval_count == 12
+    plain = Generator(loaded.model, tokenizer, loaded.context_length)
+    list(plain.generate(PROMPT, Options(temperature=0, num_predict=12)))
+    assert generator.tokens == plain.tokens  # same greedy answer, logprobs or not

@@ -2,12 +2,12 @@
 
 It speaks docs/runner-protocol.md with the standard library only, so it starts in a fraction of
 a second, and it can be told to misbehave: load slowly, die while loading with a message on
-stderr, stream slowly (so a test can kill it mid-request), answer non-JSON first, or call the
-first tool offered (an answer a random-weight model will not write). The API and
-client tests use the real runner; this process exists to make failures happen on demand.
+stderr, or stream slowly (so a test can kill it mid-request). The API and client tests use the real
+runner (scripted fixture models for exact answers); this process exists to make failures happen
+on demand.
 
     python fake_runner.py --model NAME --port P [--load-seconds S] [--die-on-load MSG]
-                          [--token-delay S] [--tokens N] [--bad-json-first N --state FILE]
+                          [--token-delay S] [--tokens N]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 
 def parse_args() -> argparse.Namespace:
@@ -31,8 +30,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--die-on-load", default="")
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--tokens", type=int, default=3)
-    p.add_argument("--bad-json-first", type=int, default=0)
-    p.add_argument("--state", default="")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--log", default="", help="append 'done N' or 'cut N' per completion")
     return p.parse_args()
@@ -40,22 +37,10 @@ def parse_args() -> argparse.Namespace:
 
 ARGS = parse_args()
 STARTED = time.monotonic()
-LOCK = threading.Lock()
 
 
 def loaded() -> bool:
     return time.monotonic() - STARTED >= ARGS.load_seconds
-
-
-def next_request_number() -> int:
-    """Requests served so far across restarts (kept in --state), for --bad-json-first."""
-    if not ARGS.state:
-        return 0
-    path = Path(ARGS.state)
-    with LOCK:
-        count = int(path.read_text() or 0) if path.exists() else 0
-        path.write_text(str(count + 1))
-    return count
 
 
 def record(line: str) -> None:
@@ -65,14 +50,6 @@ def record(line: str) -> None:
 
 
 def pieces(body: dict) -> list[str]:
-    if body.get("tools"):
-        call = {"name": body["tools"][0]["function"]["name"], "arguments": {"city": "Paris"}}
-        return ["Let me check. ", "<tool_call>", json.dumps(call), "</tool_call>"]
-    wants_json = "json" in json.dumps(body).lower()
-    if wants_json and next_request_number() >= ARGS.bad_json_first:
-        return ['{"answer": ', "42", "}"]
-    if wants_json:
-        return ["not ", "json"]
     limit = (body.get("options") or {}).get("num_predict", ARGS.tokens)
     count = ARGS.tokens if limit is None or limit < 0 else min(limit, ARGS.tokens)
     return [f"tok{i} " for i in range(count)]

@@ -10,7 +10,7 @@ from registry.manifests import ModelConfig
 from registry.names import Name
 from server.api_errors import APIError
 from server.chat_request import ModelDefaults, merge_options, parse_keep_alive, refuse_unsupported
-from server.json_format import JSONFormat, with_instruction
+from server.json_format import JSONFormat
 
 
 def model(**fields) -> ModelDefaults:
@@ -46,30 +46,12 @@ def test_images_for_a_text_only_model_are_refused_with_its_name():
         refuse_unsupported(model(config={"capabilities": ["embedding"]}), {}, has_images=False)
 
 
-def test_json_format_accepts_the_first_json_value_in_the_answer():
-    fmt = JSONFormat.parse("json")
-    assert fmt is not None
-    assert json.loads(fmt.accept('Sure! ```json\n{"a": [1, 2]}\n```') or "") == {"a": [1, 2]}
-    assert fmt.accept("no json here {oops") is None
-
-
-def test_schema_format_validates_against_the_schema():
+def test_formats_are_checked_and_passed_to_the_runner_as_json_or_a_schema():
+    assert JSONFormat.parse("json").runner_value() == "json"
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    fmt = JSONFormat.parse(schema)
-    assert fmt is not None
-    assert fmt.accept('{"m": 1} then {"n": 2}') == '{"n": 2}'
-    assert fmt.accept('{"n": "two"}') is None
+    assert JSONFormat.parse(schema).runner_value() == schema
+    assert JSONFormat.parse(json.dumps(schema)).runner_value() == schema
     with pytest.raises(APIError, match="invalid JSON schema"):
         JSONFormat.parse({"type": 12})
     with pytest.raises(APIError, match="invalid format"):
         JSONFormat.parse("yaml")
-
-
-def test_format_instruction_joins_the_leading_system_message():
-    fmt = JSONFormat.parse("json")
-    assert fmt is not None
-    out = with_instruction([{"role": "system", "content": "Be brief."},
-                            {"role": "user", "content": "hi"}], fmt)
-    assert len(out) == 2 and out[0]["content"].startswith("Be brief.\n\nRespond only")
-    out = with_instruction([{"role": "user", "content": "hi"}], fmt)
-    assert out[0]["role"] == "system" and out[1]["content"] == "hi"
