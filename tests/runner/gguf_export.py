@@ -62,6 +62,8 @@ def export_gguf(checkpoint: Path, out: Path, qtype: str = "F16", pre: str = "gpt
     _write_config(writer, {**config, **(metadata or {})}, qtype)
     if tokenizer:
         _write_tokenizer(writer, checkpoint, pre, tokenizer_json)
+    if (config.get("rope_scaling") or {}).get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     for name, array in _tensors(checkpoint).items():
         if arch in _PERMUTED and ".q_proj." in name:
             array = permute(array, config["num_attention_heads"])
@@ -75,6 +77,26 @@ def export_gguf(checkpoint: Path, out: Path, qtype: str = "F16", pre: str = "gpt
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def llama3_rope_factors(config: dict) -> np.ndarray:
+    """llama.cpp's LlamaModel.generate_extra_tensors: Llama 3 scaling as per-pair factors."""
+    scaling = config["rope_scaling"]
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    freqs = 1.0 / (config["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def _tensors(checkpoint: Path) -> dict[str, np.ndarray]:

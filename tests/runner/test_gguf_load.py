@@ -105,6 +105,21 @@ def test_gguf_of_other_architectures_matches_mlx_lm(model_store, make_checkpoint
         assert _cosine_min(ours, theirs) >= 0.99
 
 
+def test_llama3_rope_scaling_travels_as_rope_freqs(model_store, make_checkpoint, tmp_path):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    checkpoint = write_checkpoint(tmp_path / "l3", "llama", Path(make_checkpoint("llama")),
+                                  rope_scaling=scaling, num_hidden_layers=2)
+    path = export_gguf(checkpoint, tmp_path / "l3.gguf", "F16")
+    loaded = load_model(model_store, _create_raw(model_store, path.read_bytes(), "test/l3"),
+                        "float32")
+    assert loaded.files.config["rope_scaling"]["rope_type"] == "freq_factors"
+    reference, _ = mlx_lm.load(str(checkpoint))
+    reference.set_dtype(mx.float32)
+    tokens = mx.array([PROMPT * 6])  # past the original context, where the scaling matters
+    assert mx.abs(loaded.model(tokens) - reference(tokens)).max().item() <= 1e-2
+
+
 def test_q4_0_stays_quantized_at_group_size_32(model_store, gguf_model):
     loaded = load_model(model_store, gguf_model("qwen3", "Q4_0"), "native")
     layer = loaded.model.layers[0].self_attn.q_proj
