@@ -93,7 +93,7 @@ class GGUFTensor:
 
 @dataclass
 class GGUFFile:
-    """An open GGUF file: its parsed header and its tensors, mapped, by name."""
+    """An open GGUF file: its parsed header and its tensors by name (data read on demand)."""
 
     path: Path
     header: GGUFHeader
@@ -119,7 +119,10 @@ def open_gguf(path: Path) -> GGUFFile:
 
 
 def _nbytes(kind: int, shape: tuple[int, ...]) -> int:
-    block, size = gguf.GGML_QUANT_SIZES.get(T(kind), (1, 0)) if kind in _KNOWN else (1, 0)
+    """Bytes of a tensor's data; 0 for a type this gguf package does not know."""
+    if kind not in _KNOWN:
+        return 0
+    block, size = gguf.GGML_QUANT_SIZES[T(kind)]
     return math.prod(shape) // block * size
 
 

@@ -247,7 +247,7 @@ def load_model(store: Store, name: str, compute: str = "auto",
 
     if files.gguf is not None:
         model = load_gguf_weights(name, files.config, files.gguf, path)
-        files.gguf = None  # unmaps the file: the weights are in MLX memory now
+        files.gguf = None  # the header and its tokenizer arrays are not needed any more
         step(1)
     else:
         model = load_weights(store, name, files.config, files.tensor_blobs, path, "", step)

@@ -98,9 +98,8 @@ class DecoderLayer(nn.Module):
             args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
             args.head_dim, args.rope_local_base_freq if sliding else args.rope_theta,
             None if sliding else args.rope_scaling, scale=args.query_pre_attn_scalar ** -0.5,
-            window=args.sliding_window if sliding else None)
-        self.self_attn.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
-        self.self_attn.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+            window=args.sliding_window if sliding else None, qk_norm_eps=args.rms_norm_eps,
+            qk_norm=RMSNorm)
         self.mlp = MLP(args.hidden_size, args.intermediate_size)
         norm = args.hidden_size, args.rms_norm_eps
         self.input_layernorm = RMSNorm(*norm)
