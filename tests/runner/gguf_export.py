@@ -13,7 +13,8 @@ import gguf
 import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from kquants import quantize_q4_k, quantize_q6_k
+
+from tests.runner.kquants import quantize_q4_k, quantize_q6_k
 
 # HF module path under model.layers.N -> llama.cpp block tensor name.
 _BLOCK = {
