@@ -32,7 +32,7 @@ _GEMMA3_BLOCK = {**_BLOCK, "post_attention_layernorm": "post_attention_norm",
                  "post_feedforward_layernorm": "post_ffw_norm"}
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _PERMUTED = {"llama"}  # architectures whose Q/K rows llama.cpp permutes
-_FILE_TYPES = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "F32": 0, "Q4_K": 15}
+_FILE_TYPES = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "F32": 0, "Q4_K": 15, "BF16": 32}
 _K_QUANTS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
 
 

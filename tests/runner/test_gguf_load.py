@@ -76,6 +76,18 @@ def test_f16_gguf_logits_and_greedy_tokens_match_the_safetensors_checkpoint(
     assert _greedy(loaded) == _greedy(reference)
 
 
+@pytest.mark.parametrize("qtype", ["BF16", "F32"])
+def test_bf16_and_f32_gguf_hold_the_checkpoint_exactly(model_store, created_model, gguf_model,
+                                                       qtype):
+    reference = load_model(model_store, created_model("llama"), "float32")
+    loaded = load_model(model_store, gguf_model("llama", qtype), "native")
+    want = {"BF16": mx.bfloat16, "F32": mx.float32}[qtype]
+    assert loaded.model.model.embed_tokens.weight.dtype == want
+    tokens = mx.array([PROMPT])
+    ours = loaded.model(tokens).astype(mx.float32)
+    assert _cosine_min(ours, reference.model(tokens)) >= 0.999
+
+
 @pytest.mark.parametrize("qtype,threshold", [("Q8_0", 0.99), ("Q4_0", 0.95), ("Q4_1", 0.95)])
 @pytest.mark.parametrize("compute", ["native", "float32"])
 def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_model, qtype,
