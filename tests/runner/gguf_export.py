@@ -57,8 +57,9 @@ def export_gguf(checkpoint: Path, out: Path, qtype: str = "F16", pre: str = "gpt
                 metadata: dict | None = None) -> Path:
     """`metadata` overrides config.json values in the written metadata only (bad files)."""
     config = json.loads((checkpoint / "config.json").read_text())
-    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}.get(config["model_type"],
-                                                                  config["model_type"])
+    # llama.cpp's architecture names; Mistral (v0.x) GGUFs say llama, and are permuted alike
+    arch = {"gemma3_text": "gemma3", "gemma3": "gemma3", "qwen3_moe": "qwen3moe",
+            "mistral": "llama"}.get(config["model_type"], config["model_type"])
     writer = gguf.GGUFWriter(out, arch)
     _write_config(writer, {**config, **(metadata or {})}, qtype)
     if tokenizer:

@@ -99,7 +99,8 @@ def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_m
 
 
 @pytest.mark.parametrize("arch,qtype,compute", [
-    ("qwen2", "F16", "float32"), ("gemma3", "F16", "float32"), ("qwen3_moe", "F16", "float32"),
+    ("qwen2", "F16", "float32"), ("mistral", "F16", "float32"), ("gemma3", "F16", "float32"),
+    ("qwen3_moe", "F16", "float32"),
     ("qwen3_moe", "Q8_0", "native")])
 def test_gguf_of_other_architectures_matches_mlx_lm(model_store, make_checkpoint, tmp_path,
                                                     arch, qtype, compute):
