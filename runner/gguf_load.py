@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -35,6 +36,7 @@ from gguf import GGMLQuantizationType as T
 from registry.gguf import GGUFError, GGUFHeader, read_header
 from runner.quant import QuantType
 
+REQUANT_SLAB_VALUES = 1 << 20  # values dequantized at once when requantizing
 QK = 32  # llama.cpp's block size for Q4_0, Q4_1, Q8_0 (and MLX's group size for them)
 # Requantized types: the MLX affine width whose error is no worse than the source's.
 _REQUANT_BITS = {T.Q5_0: 6, T.Q5_1: 6, T.Q2_K: 4, T.Q3_K: 4, T.Q5_K: 6, T.Q6_K: 8}
@@ -91,7 +93,7 @@ class GGUFTensor:
 
 @dataclass
 class GGUFFile:
-    """An open GGUF file: its parsed header and its tensors, mapped, by name."""
+    """An open GGUF file: its parsed header and its tensors by name (data read on demand)."""
 
     path: Path
     header: GGUFHeader
@@ -117,7 +119,10 @@ def open_gguf(path: Path) -> GGUFFile:
 
 
 def _nbytes(kind: int, shape: tuple[int, ...]) -> int:
-    block, size = gguf.GGML_QUANT_SIZES.get(T(kind), (1, 0)) if kind in _KNOWN else (1, 0)
+    """Bytes of a tensor's data; 0 for a type this gguf package does not know."""
+    if kind not in _KNOWN:
+        return 0
+    block, size = gguf.GGML_QUANT_SIZES[T(kind)]
     return math.prod(shape) // block * size
 
 
@@ -220,10 +225,9 @@ def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str
     if kind in _FLOATS or kind == T.BF16:
         dense = _dense(data, kind, shape)
         return {"weight": dense.astype(mx.float32) if compute == "float32" else dense}, None
-    if kind in (T.Q4_0, T.Q4_1, T.Q8_0):
-        parts, qtype = _repack(data, kind, shape)
-    elif kind == T.Q4_K:
-        parts, qtype = _repack_q4_k(data, shape)
+    if kind in _REPACKED:
+        parts = _in_slabs(data, shape, _REPACKED[kind])
+        qtype = QuantType(kind.name.lower(), 8 if kind == T.Q8_0 else 4, QK, "affine")
     elif kind in _REQUANT_BITS:
         parts, qtype = _requantize(data, kind, shape)
     else:
@@ -258,56 +262,79 @@ def _dense(data: np.ndarray, kind: T, shape: tuple[int, ...]) -> mx.array:
     return mx.array(data.view(_FLOATS[kind]).reshape(shape))
 
 
-def _repack(data: np.ndarray, kind: T, shape: tuple[int, ...]
-            ) -> tuple[dict[str, mx.array], QuantType]:
-    """Q4_0 / Q4_1 / Q8_0 blocks as MLX affine (w = scale * q + bias), bit-exact."""
-    rows = math.prod(shape[:-1])
-    blocks = data.reshape(rows, shape[-1] // QK, -1)
+def _in_slabs(data: np.ndarray, shape: tuple[int, ...],
+              repack: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, mx.array]:
+    """Repack `data` ([rows, bytes per row]) a slab of rows at a time into preallocated arrays,
+    so the unpacked temporaries of a large tensor never exist all at once."""
+    step = max(1, REQUANT_SLAB_VALUES // shape[-1])
+    out: dict[str, np.ndarray] = {}
+    for start in range(0, data.shape[0], step):
+        for key, value in repack(data[start:start + step]).items():
+            if key not in out:
+                out[key] = np.empty((data.shape[0], value.shape[1]), value.dtype)
+            out[key][start:start + len(value)] = value
+    return {key: mx.array(value.reshape(*shape[:-1], -1)) for key, value in out.items()}
+
+
+def _repack_q8_0(data: np.ndarray) -> dict[str, np.ndarray]:
+    """Q8_0 blocks (f16 d, 32 int8) as MLX affine 8-bit: q + 128, scale d, bias -128 d."""
+    blocks = data.reshape(len(data), -1, 34)
     scale = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-    if kind == T.Q8_0:
-        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-        packed, bias, bits = q, scale * np.float16(-128), 8
-    else:
-        nibbles = blocks[..., 4:] if kind == T.Q4_1 else blocks[..., 2:]
-        q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)  # llama.cpp element order
-        packed, bits = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8), 4
-        bias = (blocks[..., 2:4].copy().view(np.float16)[..., 0] if kind == T.Q4_1
-                else scale * np.float16(-8))
-    words = np.ascontiguousarray(packed).reshape(*shape[:-1], -1).view(np.uint32)
-    parts = {"weight": mx.array(words), "scales": mx.array(scale.reshape(*shape[:-1], -1)),
-             "biases": mx.array(bias.reshape(*shape[:-1], -1))}
-    return parts, QuantType(kind.name.lower(), bits, QK, "affine")
+    q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+    return {"weight": q.reshape(len(data), -1).view(np.uint32), "scales": scale,
+            "biases": scale * np.float16(-128)}
 
 
-def _repack_q4_k(data: np.ndarray, shape: tuple[int, ...]
-                 ) -> tuple[dict[str, mx.array], QuantType]:
+def _repack_q4(data: np.ndarray, offset: bool) -> dict[str, np.ndarray]:
+    """Q4_0 (f16 d, 16 bytes of nibbles; w = d (q - 8)) and Q4_1 (f16 d, f16 m; w = d q + m)
+    as MLX affine 4-bit. llama.cpp puts values i and i + 16 in one byte; MLX packs in order."""
+    blocks = data.reshape(len(data), -1, 20 if offset else 18)
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    nibbles = blocks[..., 4:] if offset else blocks[..., 2:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
+    words = np.ascontiguousarray((q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8))
+    bias = (blocks[..., 2:4].copy().view(np.float16)[..., 0] if offset
+            else scale * np.float16(-8))
+    return {"weight": words.reshape(len(data), -1).view(np.uint32), "scales": scale,
+            "biases": bias}
+
+
+def _repack_q4_k(data: np.ndarray) -> dict[str, np.ndarray]:
     """Q4_K super-blocks (256 values: f16 d and dmin, 6-bit scale and min for each of 8
     sub-blocks of 32, 4-bit values) as MLX affine 4-bit, group 32: scale d*sc, bias -dmin*m."""
-    rows = math.prod(shape[:-1])
-    blocks = data.reshape(rows, shape[-1] // 256, 144)
+    rows = len(data)
+    blocks = data.reshape(rows, -1, 144)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    packed_scales = blocks[..., 4:16]
-    low, high = packed_scales[..., 0:4], packed_scales[..., 4:8]
-    tail = packed_scales[..., 8:12]
+    low, high, tail = blocks[..., 4:8], blocks[..., 8:12], blocks[..., 12:16]
     sc = np.concatenate([low & 63, (tail & 0xF) | ((low >> 6) << 4)], axis=-1)
     mins = np.concatenate([high & 63, (tail >> 4) | ((high >> 6) << 4)], axis=-1)
     nibbles = blocks[..., 16:].reshape(rows, -1, 4, 1, 32)  # 4 chunks of 2 sub-blocks
     q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(rows, -1)
     words = np.ascontiguousarray((q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8))
-    scales = (d[..., None] * sc).astype(np.float16).reshape(*shape[:-1], -1)
-    biases = (-(dmin[..., None] * mins)).astype(np.float16).reshape(*shape[:-1], -1)
-    parts = {"weight": mx.array(words.view(np.uint32).reshape(*shape[:-1], -1)),
-             "scales": mx.array(scales), "biases": mx.array(biases)}
-    return parts, QuantType("q4_k", 4, QK, "affine")
+    return {"weight": words.view(np.uint32),
+            "scales": (d[..., None] * sc).astype(np.float16).reshape(rows, -1),
+            "biases": (-(dmin[..., None] * mins)).astype(np.float16).reshape(rows, -1)}
+
+
+_REPACKED: dict[T, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
+    T.Q8_0: _repack_q8_0, T.Q4_0: lambda d: _repack_q4(d, False),
+    T.Q4_1: lambda d: _repack_q4(d, True), T.Q4_K: _repack_q4_k,
+}
 
 
 def _requantize(data: np.ndarray, kind: T, shape: tuple[int, ...]
                 ) -> tuple[dict[str, mx.array], QuantType]:
-    """Other block types: dequantized (one tensor at a time) and quantized to MLX affine."""
-    dense = mx.array(gguf.quants.dequantize(data, kind).reshape(shape))
+    """Other block types: dequantized and quantized to MLX affine a slab of rows at a time, so
+    no float copy of a whole tensor (an output head is the size of the vocabulary) is held."""
     bits = _REQUANT_BITS[kind]
-    weight, scales, biases = mx.quantize(dense.astype(mx.float16), group_size=QK, bits=bits)
-    mx.eval(weight, scales, biases)
-    return ({"weight": weight, "scales": scales, "biases": biases},
-            QuantType(f"{kind.name.lower()}-as-int{bits}", bits, QK, "affine"))
+    step = max(1, REQUANT_SLAB_VALUES // shape[-1])
+    slabs = []
+    for start in range(0, data.shape[0], step):
+        dense = mx.array(gguf.quants.dequantize(data[start:start + step], kind))
+        slabs.append(mx.quantize(dense.astype(mx.float16), group_size=QK, bits=bits))
+        mx.eval(*slabs[-1])
+    parts = {key: mx.concatenate([slab[i] for slab in slabs]).reshape(*shape[:-1], -1)
+             for i, key in enumerate(("weight", "scales", "biases"))}
+    mx.eval(*parts.values())
+    return parts, QuantType(f"{kind.name.lower()}-as-int{bits}", bits, QK, "affine")

@@ -40,7 +40,7 @@ from registry.safetensors_header import logical_tensors, read_header
 from registry.store import Store
 from runner.gguf_load import GGUFFile, GGUFLoadError, gguf_config, open_gguf, read_weights
 from runner.gguf_tokenizer import eos_ids, tokenizer_files
-from runner.models import model_module, module_for_architecture, module_for_gguf
+from runner.models import model_module, model_types, module_for_architecture, module_for_gguf
 from runner.quant import QuantType
 
 Release = Callable[[], None]
@@ -227,16 +227,15 @@ def build_model(config: dict[str, Any]) -> tuple[nn.Module, Any]:
     """The Model for a config.json: its `model_type` names the module, else `architectures[0]`
     finds it."""
     model_type = config.get("model_type")
-    try:
-        module = model_module(str(model_type)) if model_type else None
-    except ValueError as exc:
-        raise LoadError(str(exc)) from exc
-    if module is None:
-        archs = config.get("architectures") or [""]
-        module = module_for_architecture(str(archs[0]))
-        if module is None:
-            raise LoadError(f"architecture {archs[0]!r} is not supported")
-        model_type = module.__name__.rsplit(".", 1)[1]
+    archs = config.get("architectures") or [""]
+    if model_type in model_types():
+        module = model_module(str(model_type))
+    else:  # no model_type, or one no file is named after (gemma3's multimodal config)
+        found = module_for_architecture(str(archs[0]))
+        if found is None:
+            raise LoadError(f"model type {model_type!r} (architecture {archs[0]!r}) is not "
+                            f"supported; supported: {', '.join(model_types())}")
+        module, model_type = found, found.__name__.rsplit(".", 1)[1]
     return module.Model(module.ModelArgs.from_dict({**config, "model_type": model_type})), module
 
 
@@ -263,7 +262,7 @@ def load_model(store: Store, name: str, compute: str = "auto",
 
     if files.gguf is not None:
         model = load_gguf_weights(name, files.config, files.gguf, path)
-        files.gguf = None  # unmaps the file: the weights are in MLX memory now
+        files.gguf = None  # the header and its tokenizer arrays are not needed any more
         step(1)
     else:
         model = load_weights(store, name, files.config, files.tensor_blobs, path, "", step)

@@ -1,4 +1,6 @@
-"""Gemma 3 text (model_type "gemma3_text"; Gemma3ForCausalLM): local and global attention
+"""Gemma 3 text (model_type "gemma3_text"; Gemma3ForCausalLM, and the language model of
+Gemma3ForConditionalGeneration, whose config nests it in `text_config` and whose checkpoints name
+it `language_model.model.*`, beside a vision tower this runner skips): local and global attention
 layers (`sliding_window_pattern`, or `layer_types`), the local ones windowed with their own RoPE
 base; per-head query/key norms; `(1 + w)` RMSNorms before and after both attention and MLP;
 embeddings scaled by sqrt(hidden); GELU-gated MLP; tied output head, soft-capped where configured.
@@ -21,7 +23,8 @@ from runner.nn.attention import Attention
 from runner.nn.embedding import Embedding
 from runner.nn.linear import Linear
 
-ARCHITECTURES = ("Gemma3ForCausalLM",)
+ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+_SKIPPED = ("vision_tower", "multi_modal_projector")  # the multimodal checkpoint's other parts
 GGUF_ARCHITECTURES = ("gemma3",)
 GGUF_BLOCK_NAMES = {"post_attention_norm": "post_attention_layernorm",
                     "ffn_norm": "pre_feedforward_layernorm",
@@ -51,12 +54,24 @@ class ModelArgs:
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     tie_word_embeddings: bool = True
+    multimodal: bool = False  # a Gemma3ForConditionalGeneration checkpoint's text half
 
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> ModelArgs:
-        """Build from config.json, ignoring the keys this architecture does not use."""
+        """Build from config.json, ignoring the keys this architecture does not use. A
+        multimodal config's `text_config` omits what its defaults (as mlx-lm reads them) say."""
+        text = params.get("text_config")
+        if isinstance(text, dict):
+            params = {"num_attention_heads": 8, "num_key_value_heads": 4, **text,
+                      "vocab_size": params.get("vocab_size", 262208),
+                      "model_type": params.get("model_type"), "multimodal": True}
         known = inspect.signature(cls).parameters
         return cls(**{k: v for k, v in params.items() if k in known})
+
+    @property
+    def prefix(self) -> str:
+        """Where the checkpoint keeps the decoder: `model`, or `language_model.model`."""
+        return "language_model.model" if self.multimodal else "model"
 
     def __post_init__(self) -> None:
         if self.attn_logit_softcapping:
@@ -98,9 +113,8 @@ class DecoderLayer(nn.Module):
             args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
             args.head_dim, args.rope_local_base_freq if sliding else args.rope_theta,
             None if sliding else args.rope_scaling, scale=args.query_pre_attn_scalar ** -0.5,
-            window=args.sliding_window if sliding else None)
-        self.self_attn.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
-        self.self_attn.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+            window=args.sliding_window if sliding else None, qk_norm_eps=args.rms_norm_eps,
+            qk_norm=RMSNorm)
         self.mlp = MLP(args.hidden_size, args.intermediate_size)
         norm = args.hidden_size, args.rms_norm_eps
         self.input_layernorm = RMSNorm(*norm)
@@ -130,29 +144,53 @@ class Gemma3Model(nn.Module):
         return self.norm(h)
 
 
+class LanguageModel(nn.Module):
+    """The decoder and its head, under the names the checkpoint uses (`model`, `lm_head`)."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.model = Gemma3Model(args)
+        if not args.tie_word_embeddings:
+            self.lm_head = Linear(args.hidden_size, args.vocab_size)
+
+    def __call__(self, inputs: mx.array, cache: list[KVCache] | None) -> mx.array:
+        h = self.model(inputs, cache)
+        return self.lm_head(h) if "lm_head" in self else self.model.embed_tokens.as_linear(h)
+
+
 class Model(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
         self.model_type = args.model_type
+        if args.multimodal:  # parameters under language_model.*, as the checkpoint names them
+            self.language_model = LanguageModel(args)
+            return
         self.model = Gemma3Model(args)
         if not args.tie_word_embeddings:
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
 
     def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None) -> mx.array:
-        h = self.model(inputs, cache)
-        logits = self.lm_head(h) if "lm_head" in self else self.model.embed_tokens.as_linear(h)
+        if "language_model" in self:
+            logits = self.language_model(inputs, cache)
+        else:
+            h = self.model(inputs, cache)
+            logits = (self.lm_head(h) if "lm_head" in self
+                      else self.model.embed_tokens.as_linear(h))
         cap = self.args.final_logit_softcapping
         return mx.tanh(logits / cap) * cap if cap else logits
 
     @property
     def layers(self) -> list[DecoderLayer]:
-        return self.model.layers
+        decoder = self.language_model.model if "language_model" in self else self.model
+        return decoder.layers
 
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """Drop what HF checkpoints carry but inference never reads (rotary caches)."""
-    return {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
+    """Drop what inference never reads: rotary caches, and a multimodal checkpoint's vision
+    tower and projector."""
+    return {k: v for k, v in weights.items()
+            if "rotary_emb.inv_freq" not in k and not k.startswith(_SKIPPED)}
 
 
 def gguf_config(config: dict[str, Any], kv: dict[str, Any]) -> dict[str, Any]:
@@ -178,12 +216,13 @@ def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint of this architecture holds, with the shape `args` implies."""
     hidden, inter, head = args.hidden_size, args.intermediate_size, args.head_dim
     q_dim, kv_dim = args.num_attention_heads * head, args.num_key_value_heads * head
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (args.vocab_size, hidden),
-                                          "model.norm.weight": (hidden,)}
+    top = args.prefix
+    shapes: dict[str, tuple[int, ...]] = {f"{top}.embed_tokens.weight": (args.vocab_size, hidden),
+                                          f"{top}.norm.weight": (hidden,)}
     if not args.tie_word_embeddings:
-        shapes["lm_head.weight"] = (args.vocab_size, hidden)
+        shapes[f"{top.removesuffix('model')}lm_head.weight"] = (args.vocab_size, hidden)
     for i in range(args.num_hidden_layers):
-        p = f"model.layers.{i}"
+        p = f"{top}.layers.{i}"
         shapes.update({
             f"{p}.input_layernorm.weight": (hidden,),
             f"{p}.post_attention_layernorm.weight": (hidden,),

@@ -140,6 +140,12 @@ def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
             f"{p}.mlp.up_proj.weight": (inter, hidden),
             f"{p}.mlp.down_proj.weight": (hidden, inter),
         })
+        if args.attention_bias:
+            shapes.update({f"{p}.self_attn.{n}.bias": (d,) for n, d in (
+                ("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim), ("o_proj", hidden))})
+        if args.mlp_bias:
+            shapes.update({f"{p}.mlp.{n}.bias": (d,) for n, d in (
+                ("gate_proj", inter), ("up_proj", inter), ("down_proj", hidden))})
     return shapes
 
 

@@ -10,6 +10,7 @@ which is what a cached prefill needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -37,7 +38,8 @@ class Attention(nn.Module):
                  rope_theta: float, rope_scaling: dict[str, Any] | None = None,
                  bias: bool = False, qk_norm_eps: float | None = None,
                  o_bias: bool | None = None, scale: float | None = None,
-                 window: int | None = None) -> None:
+                 window: int | None = None,
+                 qk_norm: Callable[[int, float], nn.Module] = RMSNorm) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -50,8 +52,8 @@ class Attention(nn.Module):
         self.o_proj = Linear(num_heads * head_dim, hidden_size,
                              bias=bias if o_bias is None else o_bias)
         if qk_norm_eps is not None:
-            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
-            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.q_norm = qk_norm(head_dim, qk_norm_eps)
+            self.k_norm = qk_norm(head_dim, qk_norm_eps)
         self.rope = RoPE(head_dim, rope_theta, rope_scaling)
 
     def _heads(self, x: mx.array, heads: int) -> mx.array:

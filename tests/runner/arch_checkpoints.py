@@ -1,6 +1,7 @@
 """Tiny random-weight checkpoints for the architectures the fixture script does not write
-(qwen2, mistral, gemma3 text, qwen3_moe): config.json, model.safetensors (float32) and the
-tokenizer files of the fixture's tiny llama, so mlx-lm and ferry load the very same files."""
+(qwen2, mistral, gemma3 text and multimodal, qwen3_moe; llama at other sizes): config.json,
+model.safetensors (float32) and the tokenizer files of the fixture's tiny llama, so mlx-lm and
+ferry load the very same files."""
 
 from __future__ import annotations
 
@@ -37,13 +38,23 @@ CONFIGS = {
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
                   "tie_word_embeddings": False},
 }
+# Gemma3ForConditionalGeneration: the same text model nested in text_config, plus a vision part
+CONFIGS["gemma3_mm"] = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    "vocab_size": 2048, "vision_config": {"hidden_size": 16, "model_type": "siglip_vision_model"},
+    "text_config": {**_BASE, **CONFIGS["gemma3"], "model_type": "gemma3_text"},
+}
+_VISION = {"vision_tower.vision_model.embeddings.patch_embedding.weight": (16, 3, 4, 4),
+           "multi_modal_projector.mm_input_projection_weight": (16, 128)}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 # the runner module that serves each fixture (gemma3's config says model_type gemma3_text)
 RUNNER_TYPE = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral", "gemma3": "gemma3_text",
-               "qwen3_moe": "qwen3_moe"}
+               "qwen3_moe": "qwen3_moe", "gemma3_mm": "gemma3_text"}
 
 
 def config_for(arch: str, **changes) -> dict:
+    if "text_config" in CONFIGS[arch]:
+        return {**CONFIGS[arch], **changes}
     return {**_BASE, **CONFIGS[arch], **changes}
 
 
@@ -53,6 +64,8 @@ def write_checkpoint(out: Path, arch: str, tokenizer_from: Path, **changes) -> P
     config = config_for(arch, **changes)
     module = model_module(RUNNER_TYPE[arch])
     shapes = module.tensor_shapes(module.ModelArgs.from_dict(config))
+    if "vision_config" in config:
+        shapes = {**shapes, **_VISION}
     tensors = {name: _random(name, shape, arch) for name, shape in shapes.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config))
@@ -64,6 +77,6 @@ def write_checkpoint(out: Path, arch: str, tokenizer_from: Path, **changes) -> P
 def _random(name: str, shape: tuple[int, ...], arch: str) -> np.ndarray:
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     if name.endswith("norm.weight"):  # gemma's norms scale by (1 + w): centre them on 0
-        centre = 0.0 if arch == "gemma3" else 1.0
+        centre = 0.0 if arch.startswith("gemma3") else 1.0
         return (centre + rng.standard_normal(shape) * 0.1).astype(np.float32)
     return (rng.standard_normal(shape) * 0.02).astype(np.float32)

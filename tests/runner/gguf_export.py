@@ -32,7 +32,7 @@ _GEMMA3_BLOCK = {**_BLOCK, "post_attention_layernorm": "post_attention_norm",
                  "post_feedforward_layernorm": "post_ffw_norm"}
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _PERMUTED = {"llama"}  # architectures whose Q/K rows llama.cpp permutes
-_FILE_TYPES = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "F32": 0, "Q4_K": 15}
+_FILE_TYPES = {"F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "F32": 0, "Q4_K": 15, "BF16": 32}
 _K_QUANTS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
 
 
@@ -57,12 +57,15 @@ def export_gguf(checkpoint: Path, out: Path, qtype: str = "F16", pre: str = "gpt
                 metadata: dict | None = None) -> Path:
     """`metadata` overrides config.json values in the written metadata only (bad files)."""
     config = json.loads((checkpoint / "config.json").read_text())
-    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}.get(config["model_type"],
-                                                                  config["model_type"])
+    # llama.cpp's architecture names; Mistral (v0.x) GGUFs say llama, and are permuted alike
+    arch = {"gemma3_text": "gemma3", "gemma3": "gemma3", "qwen3_moe": "qwen3moe",
+            "mistral": "llama"}.get(config["model_type"], config["model_type"])
     writer = gguf.GGUFWriter(out, arch)
     _write_config(writer, {**config, **(metadata or {})}, qtype)
     if tokenizer:
         _write_tokenizer(writer, checkpoint, pre, tokenizer_json)
+    if (config.get("rope_scaling") or {}).get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     for name, array in _tensors(checkpoint).items():
         if arch in _PERMUTED and ".q_proj." in name:
             array = permute(array, config["num_attention_heads"])
@@ -76,6 +79,26 @@ def export_gguf(checkpoint: Path, out: Path, qtype: str = "F16", pre: str = "gpt
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def llama3_rope_factors(config: dict) -> np.ndarray:
+    """llama.cpp's LlamaModel.generate_extra_tensors: Llama 3 scaling as per-pair factors."""
+    scaling = config["rope_scaling"]
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    freqs = 1.0 / (config["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def _tensors(checkpoint: Path) -> dict[str, np.ndarray]:

@@ -26,7 +26,7 @@ from workflows.create import CreateOptions, create
 
 model_store = mlx_models.model_store  # fixture
 PROMPT = [0, 2, 379, 480, 203, 76, 698, 346, 351, 73, 3, 2, 1000, 17]
-ARCHS = ["qwen2", "mistral", "gemma3", "qwen3_moe"]
+ARCHS = ["qwen2", "mistral", "gemma3", "gemma3_mm", "qwen3_moe"]
 _dirs: dict[str, Path] = {}
 
 
@@ -124,3 +124,15 @@ def _cosine_min(a: mx.array, b: mx.array) -> float:
     a, b = a.astype(mx.float32), b.astype(mx.float32)
     cos = mx.sum(a * b, -1) / (mx.linalg.norm(a, axis=-1) * mx.linalg.norm(b, axis=-1))
     return cos.min().item()
+
+
+def test_gemma3_multimodal_int8_create_runs_its_text_half_quantized(model_store,
+                                                                    arch_checkpoint):
+    name = "test/arch-gemma3_mm-int8"
+    create(Name.parse(name), arch_checkpoint("gemma3_mm"),
+           CreateOptions(quantize=parse_quant_type("int8")), model_store, lambda event: None,
+           threading.Event())
+    loaded = load_model(model_store, name, "native")
+    assert loaded.model.layers[0].self_attn.q_proj.bits == 8  # language_model.* names matched
+    reference = _reference(arch_checkpoint("gemma3_mm"))(mx.array([PROMPT]))
+    assert _cosine_min(loaded.model(mx.array([PROMPT])), reference) >= 0.99

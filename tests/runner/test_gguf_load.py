@@ -76,6 +76,18 @@ def test_f16_gguf_logits_and_greedy_tokens_match_the_safetensors_checkpoint(
     assert _greedy(loaded) == _greedy(reference)
 
 
+@pytest.mark.parametrize("qtype", ["BF16", "F32"])
+def test_bf16_and_f32_gguf_hold_the_checkpoint_exactly(model_store, created_model, gguf_model,
+                                                       qtype):
+    reference = load_model(model_store, created_model("llama"), "float32")
+    loaded = load_model(model_store, gguf_model("llama", qtype), "native")
+    want = {"BF16": mx.bfloat16, "F32": mx.float32}[qtype]
+    assert loaded.model.model.embed_tokens.weight.dtype == want
+    tokens = mx.array([PROMPT])
+    ours = loaded.model(tokens).astype(mx.float32)
+    assert _cosine_min(ours, reference.model(tokens)) >= 0.999
+
+
 @pytest.mark.parametrize("qtype,threshold", [("Q8_0", 0.99), ("Q4_0", 0.95), ("Q4_1", 0.95)])
 @pytest.mark.parametrize("compute", ["native", "float32"])
 def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_model, qtype,
@@ -87,7 +99,8 @@ def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_m
 
 
 @pytest.mark.parametrize("arch,qtype,compute", [
-    ("qwen2", "F16", "float32"), ("gemma3", "F16", "float32"), ("qwen3_moe", "F16", "float32"),
+    ("qwen2", "F16", "float32"), ("mistral", "F16", "float32"), ("gemma3", "F16", "float32"),
+    ("qwen3_moe", "F16", "float32"),
     ("qwen3_moe", "Q8_0", "native")])
 def test_gguf_of_other_architectures_matches_mlx_lm(model_store, make_checkpoint, tmp_path,
                                                     arch, qtype, compute):
@@ -103,6 +116,21 @@ def test_gguf_of_other_architectures_matches_mlx_lm(model_store, make_checkpoint
         assert mx.abs(ours - theirs).max().item() <= 1e-2
     else:
         assert _cosine_min(ours, theirs) >= 0.99
+
+
+def test_llama3_rope_scaling_travels_as_rope_freqs(model_store, make_checkpoint, tmp_path):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    checkpoint = write_checkpoint(tmp_path / "l3", "llama", Path(make_checkpoint("llama")),
+                                  rope_scaling=scaling, num_hidden_layers=2)
+    path = export_gguf(checkpoint, tmp_path / "l3.gguf", "F16")
+    loaded = load_model(model_store, _create_raw(model_store, path.read_bytes(), "test/l3"),
+                        "float32")
+    assert loaded.files.config["rope_scaling"]["rope_type"] == "freq_factors"
+    reference, _ = mlx_lm.load(str(checkpoint))
+    reference.set_dtype(mx.float32)
+    tokens = mx.array([PROMPT * 6])  # past the original context, where the scaling matters
+    assert mx.abs(loaded.model(tokens) - reference(tokens)).max().item() <= 1e-2
 
 
 def test_q4_0_stays_quantized_at_group_size_32(model_store, gguf_model):

@@ -105,3 +105,9 @@ def test_sentencepiece_gguf_tokenizer_ids_match(tmp_path):
     assert ours.encode(text, add_special_tokens=False).ids == want
     assert ours.decode(want) == text
     assert json.loads(files["tokenizer_config.json"])["add_bos_token"] is True
+
+
+def test_gguf_without_tokenizer_is_refused_by_the_loader(make_checkpoint, tmp_path):
+    path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf", tokenizer=False)
+    with pytest.raises(GGUFLoadError, match="GGUF has no tokenizer"):
+        tokenizer_files(open_gguf(path))

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 
 from runner.load import LoadError, build_model
 from runner.models import model_module, model_types, module_for_architecture
@@ -56,3 +60,32 @@ def test_unknown_architecture_is_a_clear_load_error():
         build_model({**CONFIG, "model_type": "mamba"})
     with pytest.raises(LoadError, match="not supported"):
         build_model({**CONFIG, "architectures": ["MambaForCausalLM"]})
+
+
+def _stacked(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Per-expert checkpoint tensors as create stacks them: `<group>.<proj>.weight`."""
+    out: dict[str, tuple[int, ...]] = {}
+    counts: dict[str, int] = {}
+    for name, shape in shapes.items():
+        match = re.match(r"^(.+\.experts)\.(\d+)\.(\w+\.weight)$", name)
+        if match is None:
+            out[name] = shape
+            continue
+        key = f"{match[1]}.{match[3]}"
+        counts[key] = counts.get(key, 0) + 1
+        out[key] = (counts[key], *shape)
+    return out
+
+
+@pytest.mark.parametrize("model_type", DECODERS)
+def test_tensor_shapes_are_exactly_the_model_parameters(model_type):
+    """What create validates is what the runner loads: same names, same shapes (after create
+    stacks experts and the module's `sanitize` moves stored layouts into the model's)."""
+    module = model_module(model_type)
+    config = {**CONFIG, "model_type": model_type, "head_dim": 16, "tie_word_embeddings": False,
+              "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    args = module.ModelArgs.from_dict(config)
+    params = {k: tuple(v.shape) for k, v in tree_flatten(module.Model(args).parameters())}
+    stored = {k: mx.zeros(shape) for k, shape in _stacked(module.tensor_shapes(args)).items()}
+    loaded = module.sanitize(stored) if hasattr(module, "sanitize") else stored
+    assert {k: tuple(v.shape) for k, v in loaded.items()} == params

@@ -50,12 +50,26 @@ def test_created_gguf_generates_and_chats(model_server, store, make_checkpoint, 
     assert _no_runner_left()
 
 
-def test_gguf_without_tokenizer_fails_with_its_reason(model_server, store, make_checkpoint,
+def test_gguf_without_tokenizer_is_refused_at_create(model_server, store, make_checkpoint,
                                                      tmp_path):
     path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "bare.gguf", tokenizer=False)
-    _create(model_server, store, path, "me/bare")
+    digest = store.write_blob_bytes(path.read_bytes())
+    resp = httpx.post(f"{model_server}/api/create", timeout=60, json={
+        "model": "me/bare", "files": {path.name: str(digest)}, "stream": False})
+    assert resp.status_code == 400
+    assert "GGUF model has no tokenizer" in resp.json()["error"]
+
+
+def test_gguf_the_runner_cannot_load_fails_with_its_reason(model_server, store,
+                                                           make_checkpoint, tmp_path):
+    raw = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf").read_bytes()
+    length = len(b"llama").to_bytes(8, "little")
+    path = tmp_path / "llamo.gguf"  # an architecture no runner file serves
+    path.write_bytes(raw.replace(b"llama.", b"llamo.").replace(length + b"llama",
+                                                                length + b"llamo"))
+    _create(model_server, store, path, "me/llamo")
     resp = httpx.post(f"{model_server}/api/generate", timeout=120, json={
-        "model": "me/bare", "prompt": "hi", "stream": False})
+        "model": "me/llamo", "prompt": "hi", "stream": False})
     assert resp.status_code >= 400, resp.text
-    assert "GGUF has no tokenizer" in resp.json()["error"]
+    assert "GGUF architecture 'llamo' is not supported" in resp.json()["error"]
     assert _no_runner_left()

@@ -55,8 +55,12 @@ def _wrap(rel: str, digest: Digest, store: Store) -> tuple[Descriptor, GGUFHeade
         header = read_header(store.blob_path(digest))
     except GGUFError as exc:
         raise CreateError(exc.message, rel) from exc
+    media_type = _media_type(header)
+    if media_type == mt.MODEL and "tokenizer.ggml.tokens" not in (*header.kv, *header.omitted):
+        raise CreateError("GGUF model has no tokenizer (tokenizer.ggml.tokens); nothing can "
+                          "run it", rel)
     ensure_metadata(store, digest)
-    return Descriptor(_media_type(header), digest, store.blob_size(digest)), header
+    return Descriptor(media_type, digest, store.blob_size(digest)), header
 
 
 def _media_type(header: GGUFHeader) -> str:

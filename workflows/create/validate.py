@@ -18,12 +18,11 @@ from runner.quant import QuantType, UnknownQuantType, parse_quant_type
 from workflows.create.errors import CreateError
 from workflows.create.inventory import CONFIG_FILE, FLOAT_DTYPES, Inventory
 
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
-# config.json sizes that must be positive integers when present (every architecture's names).
+_LAYER_RE = re.compile(r"^(?:language_model\.)?model\.layers\.(\d+)\.")
+# ModelArgs sizes that must be positive integers when present (every architecture's names).
 _POSITIVE_INTS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "vocab_size", "num_experts",
                   "moe_intermediate_size", "num_experts_per_tok")
-_REQUIRED_INTS = ("vocab_size",)  # the rest: ModelArgs refuses a config that lacks its sizes
 
 
 def parse_quantize(quantize: str | None, draft_quantize: str | None,
@@ -42,11 +41,10 @@ def parse_quantize(quantize: str | None, draft_quantize: str | None,
 def validate_checkpoint(inv: Inventory, where: str = "") -> str:
     """Check architecture and tensor shapes; return the runner's model_type for it."""
     config_name = f"{where}{CONFIG_FILE}"
-    arch = inv.architecture
-    if not arch:
+    if not inv.architecture:
         raise CreateError("architectures[0] is missing", config_name)
-    shapes = expected_shapes(inv.config, config_name)
-    for name, shape in shapes.items():
+    module, args = model_args(inv.config, config_name)
+    for name, shape in _shapes(module, args, config_name).items():
         info = inv.tensors.get(name)
         if info is None:
             raise CreateError(f"tensor {name!r} is missing from the safetensors files")
@@ -56,9 +54,10 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
         if info.dtype not in FLOAT_DTYPES:
             raise CreateError(f"tensor {name!r} has dtype {info.dtype}; only BF16, F16 and F32 "
                               "checkpoints can be imported", info.file.name)
-    if "num_hidden_layers" in inv.config:  # encoders such as Nomic BERT count theirs otherwise
-        _check_layer_indices(inv, int(inv.config["num_hidden_layers"]))
-    return model_type_of(_module(arch, config_name))
+    layers = getattr(args, "num_hidden_layers", None)
+    if layers is not None:  # encoders such as Nomic BERT count theirs otherwise
+        _check_layer_indices(inv, layers)
+    return model_type_of(module)
 
 
 def model_type_of(module: ModuleType) -> str:
@@ -81,28 +80,36 @@ def _check_layer_indices(inv: Inventory, layers: int) -> None:
                               info.file.name)
 
 
-def expected_shapes(config: dict[str, Any], where: str = CONFIG_FILE
-                    ) -> dict[str, tuple[int, ...]]:
-    """Every tensor the config's architecture needs, with its shape; the architecture file
-    (`runner/models/<model_type>.py`, its `tensor_shapes`) is what knows them."""
+def model_args(config: dict[str, Any], where: str = CONFIG_FILE) -> tuple[ModuleType, Any]:
+    """The architecture file serving `architectures[0]`, and its ModelArgs for the config; every
+    size it holds must be a positive integer."""
     archs = config.get("architectures")
     arch = str(archs[0]) if isinstance(archs, list) and archs else ""
     module = _module(arch, where)
-    for key in _POSITIVE_INTS:
-        if config.get(key) is not None or key in _REQUIRED_INTS:
-            _int(config, key, where)
     try:
         args = module.ModelArgs.from_dict({**config, "model_type": model_type_of(module)})
-        shapes: dict[str, tuple[int, ...]] = module.tensor_shapes(args)
     except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
         raise CreateError(f"does not describe a {arch} ferry can load: {exc}", where) from exc
+    for key in _POSITIVE_INTS:
+        value = getattr(args, key, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value <= 0):
+            raise CreateError(f"{key} must be a positive integer, got {value!r}", where)
+    return module, args
+
+
+def _shapes(module: ModuleType, args: Any, where: str) -> dict[str, tuple[int, ...]]:
+    try:
+        shapes: dict[str, tuple[int, ...]] = module.tensor_shapes(args)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+        raise CreateError(f"does not describe a model ferry can load: {exc}", where) from exc
     if any(not isinstance(d, int) or d <= 0 for shape in shapes.values() for d in shape):
         raise CreateError("implies a tensor with an empty or invalid dimension", where)
     return shapes
 
 
-def _int(config: dict[str, Any], key: str, where: str) -> int:
-    value = config.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise CreateError(f"{key} must be a positive integer, got {value!r}", where)
-    return value
+def expected_shapes(config: dict[str, Any], where: str = CONFIG_FILE
+                    ) -> dict[str, tuple[int, ...]]:
+    """Every tensor the config's architecture needs, with its shape; the architecture file
+    (`runner/models/<model_type>.py`, its `tensor_shapes`) is what knows them."""
+    return _shapes(*model_args(config, where), where)
