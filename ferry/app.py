@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from ferry import __version__
 from ferry.config import Settings
@@ -16,6 +17,7 @@ from registry.service.storage.base import BlobStore
 from registry.store import Store
 from server import chat_api, create_api, models_api, openai_api, transfer_api
 from server.api_errors import handle_ferry_error
+from server.browser_guard import BrowserGuard
 from server.scheduler import Scheduler
 
 log = logging.getLogger("ferry.server")
@@ -49,6 +51,8 @@ def build_model_server(settings: Settings) -> Starlette:
         routes=routes,
         exception_handlers={FerryError: handle_ferry_error},
         lifespan=lifespan,
+        middleware=[Middleware(BrowserGuard, bind_host=settings.host, origins=settings.origins,
+                               allowed_hosts=settings.allowed_hosts)],
     )
     app.state.settings = settings
     app.state.version = __version__

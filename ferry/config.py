@@ -42,6 +42,11 @@ def _flag(env: Mapping[str, str], key: str) -> bool:
     return env.get(key, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _list(env: Mapping[str, str], key: str) -> tuple[str, ...]:
+    """A comma-separated list; blanks dropped."""
+    return tuple(item.strip() for item in env.get(key, "").split(",") if item.strip())
+
+
 def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> int:
     raw = env.get(key, "").strip()
     if not raw:
@@ -110,6 +115,10 @@ class Settings:
     aws_endpoint_url: str | None = None
     # transfers: a private CA bundle for registries (SSL_CERT_FILE), as OpenSSL reads it
     ssl_cert_file: str = ""
+    # model server: browser origins (globs) allowed besides the loopback and app ones
+    origins: tuple[str, ...] = ()
+    # model server on a non-loopback address: the Host names it answers (globs); empty: any
+    allowed_hosts: tuple[str, ...] = ()
 
     @property
     def base_url(self) -> str:
@@ -158,6 +167,8 @@ class Settings:
             github_token=env.get("GITHUB_TOKEN") or None,
             aws_endpoint_url=env.get("AWS_ENDPOINT_URL") or None,
             ssl_cert_file=env.get("SSL_CERT_FILE", ""),
+            origins=_list(env, "FERRY_ORIGINS"),
+            allowed_hosts=_list(env, "FERRY_ALLOWED_HOSTS"),
         )
 
     def with_(self, **changes: object) -> Settings:
