@@ -6,7 +6,7 @@ that is not marked goes, unless it is younger than the grace period or a reposit
 within the grace period: that is how an upload or mount in flight, whose manifest has not
 arrived yet, keeps its blobs (uploads re-publish, so even a deduplicated blob looks young).
 Ages are read blob by blob during the sweep, so a blob touched during the mark survives.
-Staged `*.tmp-*` objects past the grace period go too: a writer that crashed mid-commit left them.
+Staged `*~tmp-*` objects past the grace period go too: a writer that crashed mid-commit left them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class GCReport:
     swept: list[Digest] = field(default_factory=list)
     kept_young: list[Digest] = field(default_factory=list)
     freed_bytes: int = 0
-    staging_swept: list[str] = field(default_factory=list)  # keys of stale `.tmp-` leftovers
+    staging_swept: list[str] = field(default_factory=list)  # keys of stale `~tmp-` leftovers
 
 
 async def collect_garbage(

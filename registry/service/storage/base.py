@@ -11,6 +11,10 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+# Marks a key being written (`<key>~tmp-<id>`). No repository, tag or digest can contain `~`
+# (names.parse_repository, the tag grammar, sha256 hex), so it never hides a legal name.
+STAGING_MARKER = "~tmp-"
+
 
 class KeyNotFound(Exception):
     """The key holds no object (or, for `list`, no children)."""
@@ -75,7 +79,7 @@ class BlobStore(Protocol):
         """Names of the direct children under `prefix`, sorted; [] when there are none."""
 
     async def staged(self) -> Sequence[tuple[str, Stat]]:
-        """Every `<key>.tmp-<id>` in the store (a write in progress, or one a crash left behind),
+        """Every `<key>~tmp-<id>` in the store (a write in progress, or one a crash left behind),
         with its Stat, so gc can sweep the old ones; `list` never shows them."""
 
     def redirect_url(self, key: str) -> str | None:

@@ -29,6 +29,12 @@ def age(root: Path, *keys: str, seconds: float = 7200) -> None:
         os.utime(root / key, (then, then))
 
 
+def age_everything(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            age(root, str(path.relative_to(root)))
+
+
 def blob_key(digest: str) -> str:
     return paths.blob(Digest.parse(digest))
 
@@ -131,8 +137,8 @@ async def test_a_manifest_push_refreshes_old_links_so_gc_spares_its_blobs(
 def test_gc_command_removes_old_staging_leftovers_and_keeps_young_ones(
     registry_root: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    crashed = [blob_key(sha(b"half")) + ".tmp-dead", paths.tag_current(REPO, "v1") + ".tmp-0a"]
-    young = blob_key(sha(b"busy")) + ".tmp-live"
+    crashed = [blob_key(sha(b"half")) + "~tmp-dead", paths.tag_current(REPO, "v1") + "~tmp-0a"]
+    young = blob_key(sha(b"busy")) + "~tmp-live"
     for key in (*crashed, young):
         (registry_root / key).parent.mkdir(parents=True, exist_ok=True)
         (registry_root / key).write_bytes(b"partial")
@@ -145,3 +151,19 @@ def test_gc_command_removes_old_staging_leftovers_and_keeps_young_ones(
     assert "2 staging leftovers" in out
     assert not any((registry_root / key).exists() for key in crashed)
     assert (registry_root / young).exists()  # may be a write in progress
+
+
+@pytest.mark.parametrize("repo, tag", [("team/model.tmp-1", "v1"), (REPO, "v1.tmp-2"),
+                                       ("a.tmp-b/c--d.tmp-e", "_.tmp-x"), ("x/tmp-0", "tmp-"),
+                                       ("m.tmp-0", "A" * 120 + ".tmp-12")])
+async def test_names_with_tmp_in_them_survive_gc(
+    client: httpx.AsyncClient, registry_root: Path, repo: str, tag: str,
+) -> None:
+    raw, _ = await push_image(client, repo, tag, seed=repo + tag)
+    age_everything(registry_root)
+    report = await collect_garbage(FilesystemStore(registry_root), grace=3600)
+    assert report.swept == []
+    assert (await client.get("/v2/_catalog")).json()["repositories"].count(repo) == 1
+    assert tag in (await client.get(f"/v2/{repo}/tags/list")).json()["tags"]
+    r = await client.get(f"/v2/{repo}/manifests/{tag}")
+    assert r.status_code == 200 and r.content == raw
