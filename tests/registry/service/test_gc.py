@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -13,8 +14,8 @@ import pytest
 from ferry.cli import main
 from registry import media_types as mt
 from registry.digests import Digest
-from registry.service import paths
-from registry.service.gc import collect_garbage
+from registry.service import blobs, paths
+from registry.service.gc import MIN_GRACE, GraceTooShort, collect_garbage
 from registry.service.storage import FilesystemStore
 
 from .conftest import push_blob, push_image, sha
@@ -89,7 +90,7 @@ async def test_gc_keeps_index_children_and_subjects(
             age(registry_root, str(path.relative_to(registry_root)))
     for path in (registry_root / "repositories").rglob("_layers/sha256/*"):
         age(registry_root, str(path.relative_to(registry_root)))
-    report = await collect_garbage(FilesystemStore(registry_root), grace=60)
+    report = await collect_garbage(FilesystemStore(registry_root), grace=3600)
     assert report.swept == []
     assert {child, sha(index)} <= {str(d) for d in report.marked}
     assert (await client.get(f"/v2/{REPO}/manifests/{child}")).content == child_raw
@@ -167,3 +168,51 @@ async def test_names_with_tmp_in_them_survive_gc(
     assert tag in (await client.get(f"/v2/{repo}/tags/list")).json()["tags"]
     r = await client.get(f"/v2/{repo}/manifests/{tag}")
     assert r.status_code == 200 and r.content == raw
+
+
+def test_a_grace_below_the_fresh_link_floor_is_refused(
+    registry_root: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(GraceTooShort):
+        asyncio.run(collect_garbage(FilesystemStore(registry_root), grace=300))
+    assert main(["registry", "gc", "--root", str(registry_root), "--grace", "300"]) == 1
+    assert "below the safe minimum of 1200 seconds" in capsys.readouterr().err
+    assert MIN_GRACE > blobs.FRESH_LINK
+
+
+class PushDuringMark:
+    """A store that lets a manifest push land right after gc's first mark pass."""
+
+    def __init__(self, store: FilesystemStore, push) -> None:  # type: ignore[no-untyped-def]
+        self.store, self.push = store, push
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.store, name)
+
+    async def list(self, prefix: str) -> list[str]:
+        if prefix == paths.BLOBS and self.push is not None:
+            push, self.push = self.push, None
+            await push()
+        return await self.store.list(prefix)
+
+
+async def test_a_manifest_stored_while_gc_marks_keeps_its_blobs(
+    client: httpx.AsyncClient, registry_root: Path,
+) -> None:
+    config = await push_blob(client, REPO, b'{"late": true}')
+    body = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,
+                       "config": {"mediaType": mt.OCI_CONFIG, "digest": config, "size": 14},
+                       "layers": []}).encode()
+
+    async def push() -> None:
+        r = await client.put(f"/v2/{REPO}/manifests/late", content=body,
+                             headers={"Content-Type": mt.OCI_MANIFEST})
+        assert r.status_code == 201
+
+    store = PushDuringMark(FilesystemStore(registry_root), push)
+    # `now` far ahead: every blob looks old, so only the mark can save the late manifest's
+    report = await collect_garbage(store, now=time.time() + 10 * 3600)  # type: ignore[arg-type]
+    assert Digest.parse(config) in report.marked and report.swept == []
+    r = await client.get(f"/v2/{REPO}/manifests/late")
+    assert r.status_code == 200
+    assert (await client.head(f"/v2/{REPO}/blobs/{config}")).status_code == 200
