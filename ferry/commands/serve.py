@@ -17,8 +17,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from ferry.app import build_model_server
+    from registry.service.header_limits import HeaderLimitedProtocol
 
     app = build_model_server(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5, http=HeaderLimitedProtocol)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,11 +12,11 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from registry.errors import FerryError
 from registry.service import oci
 from registry.service.errors import RegistryError, handle_error
+from registry.service.header_limits import MESSAGE, HeaderLimitedProtocol
 from registry.service.registry import (
     DEFAULT_MAX_MANIFEST_BYTES,
     DEFAULT_UPLOAD_SESSION_TTL,
@@ -51,14 +52,16 @@ class APIVersionHeader:
         await self.app(scope, receive, send_with_header)
 
 
-class BulkHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with deeper write buffers.
+class BulkHttpProtocol(HeaderLimitedProtocol):
+    """uvicorn's httptools protocol with deeper write buffers (and capped request heads).
 
     By default a transport pauses the response at 64 KiB buffered and resumes at 16 KiB, so a
     blob GET on a connection whose kernel send buffer is still small (one that just carried a
     big upload) stalls on every refill while Python wakes up. Pausing at 2 MiB and resuming at
     512 KiB keeps bytes queued through those wake-ups; only large bodies ever fill it.
     """
+
+    error_body = json.dumps({"errors": [{"code": "UNSUPPORTED", "message": MESSAGE}]})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

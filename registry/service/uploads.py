@@ -23,8 +23,10 @@ from registry.service.blobs import Blobs, list_repositories
 from registry.service.errors import RegistryError
 from registry.service.storage.base import BlobStore
 
-_UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
-_CONTENT_RANGE = re.compile(r"^(?:bytes[ =])?(\d+)-(\d+)(?:/(?:\d+|\*))?$")
+_UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
+# At most 18 ASCII digits a side: larger offsets exist in no upload, and int() of thousands of
+# digits is slow and then refused by Python.
+_CONTENT_RANGE = re.compile(r"(?:bytes[ =])?([0-9]{1,18})-([0-9]{1,18})(?:/(?:[0-9]+|\*))?")
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class Chunk:
 
     @classmethod
     def parse(cls, header: str) -> Chunk:
-        match = _CONTENT_RANGE.match(header.strip())
+        match = _CONTENT_RANGE.fullmatch(header.strip())
         if match is None or int(match.group(2)) < int(match.group(1)):
             raise RegistryError("BLOB_UPLOAD_INVALID", f"invalid Content-Range {header!r}")
         return cls(int(match.group(1)), int(match.group(2)))
@@ -81,7 +83,7 @@ class Uploads:
         await self._drop(repo, upload_id)
 
     async def _require(self, repo: str, upload_id: str) -> None:
-        if not _UPLOAD_ID.match(upload_id) or (
+        if not _UPLOAD_ID.fullmatch(upload_id) or (
             await self.store.stat(paths.upload_session(repo, upload_id)) is None
         ):
             raise RegistryError("BLOB_UPLOAD_UNKNOWN", detail={"uuid": upload_id})
