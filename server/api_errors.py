@@ -63,6 +63,8 @@ def status_for(exc: BaseException) -> int:
 def error_message(exc: BaseException) -> str:
     if isinstance(exc, FerryError):
         return exc.message
+    if isinstance(exc, OSError):  # its str() names a server path; its strerror does not
+        return exc.strerror or type(exc).__name__
     return str(exc) or type(exc).__name__
 
 
