@@ -120,7 +120,7 @@ class OCIReleaseStore:
             raise StoreError(f"{method} {shown(httpx.URL(url))}: {exc!r}", transient=True
                              ) from exc
         except (FerryError, httpx.HTTPError) as exc:
-            raise StoreError(f"{method} {shown(httpx.URL(url))}: {exc}") from exc
+            raise StoreError(f"{method} {shown(httpx.URL(url))}: {exc}", transient=False) from exc
         if answer.status not in ok:
             raise StoreError(f"{method} {shown(httpx.URL(url))}: {answer.status} "
                              f"{answer.text[:200]}",
