@@ -5,6 +5,15 @@ memory, so it survives a restart and any replica can continue it. The sha256 sta
 serialized, so each process keeps a hasher per session as a cache: the data object only grows by
 appends at its end, so a cached hasher of the first N bytes stays right, and the process catches
 up by hashing only the bytes it has not seen (all of them after a restart).
+
+Durability, the guarantee a client may rely on: an acknowledged PATCH's bytes are in storage
+when the 202 goes out (written to the file, or a finished S3 segment), so they survive the
+registry process being killed, kill -9 included. They are not fsynced per chunk (that would
+cost every upload a disk flush per PATCH); after a machine crash the session may hold fewer
+bytes than were acknowledged. Either way the offset the session reports (GET on the upload,
+the `Range` header) is what storage holds, so a client resumes by re-sending from that offset,
+as the distribution spec describes; the final PUT verifies the digest over every byte, and the
+commit fsyncs before publishing, so a gap can never become a published blob.
 """
 
 from __future__ import annotations
