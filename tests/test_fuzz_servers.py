@@ -157,6 +157,8 @@ def test_fuzz_the_registry(registry: tuple[str, Path, str, str]) -> None:
             response = send(http, request)
             if response is not None:
                 check(response, [str(root), str(root.parent)], request)
+                if response.status_code >= 400 and request["method"] != "HEAD":
+                    assert response.json()["errors"][0]["code"], request  # OCI's error JSON
     assert tree_digest(root) == before
 
 
@@ -176,4 +178,6 @@ def test_fuzz_the_model_server(settings) -> None:
                 response = send(http, request)
                 if response is not None:
                     check(response, [str(settings.home), str(root)], request)
+                    if response.status_code >= 400 and request["method"] != "HEAD":
+                        assert "error" in response.json(), request  # Ollama's (or OpenAI's)
         assert tree_digest(root) == before

@@ -12,6 +12,7 @@ import re
 from collections.abc import Awaitable, Callable
 from urllib.parse import quote
 
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -204,9 +205,19 @@ async def _dispatch(request: Request) -> Response:
 
 METHODS = ["GET", "HEAD", "PUT", "POST", "PATCH", "DELETE"]
 
+
+class AnyPathConvertor(PathConvertor):
+    """`path`, but across newlines too, so `/v2/a%0a/...` reaches `_dispatch` (and gets its
+    NAME_INVALID) instead of falling out of the router as a plain-text 404."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("v2path", AnyPathConvertor())
+
 routes = [
     Route("/v2/", base, methods=["GET"]),
     Route("/v2", base, methods=["GET"]),
     Route("/v2/_catalog", catalog, methods=["GET"]),
-    Route("/v2/{path:path}", _dispatch, methods=METHODS),
+    Route("/v2/{path:v2path}", _dispatch, methods=METHODS),
 ]

@@ -82,4 +82,6 @@ async def test_only_the_canonical_wire_digest_is_accepted(client: httpx.AsyncCli
     r = await client.get(f"/v2/{REPO}/blobs/{digest}/%0a")
     assert 400 <= r.status_code < 500
     r = await client.get(f"/v2/{REPO}%0a/blobs/{digest}")
-    assert 400 <= r.status_code < 500
+    assert r.status_code == 400 and code(r) == "NAME_INVALID"
+    r = await client.get("/v2/lib%0arary/app/manifests/v1")
+    assert r.status_code == 400 and code(r) == "NAME_INVALID"
