@@ -7,6 +7,7 @@ the one conformance suite in `tests/registry/service/test_storage.py`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -14,6 +15,15 @@ from typing import Protocol
 # Marks a key being written (`<key>~tmp-<id>`). No repository, tag or digest can contain `~`
 # (names.parse_repository, the tag grammar, sha256 hex), so it never hides a legal name.
 STAGING_MARKER = "~tmp-"
+# What ferry staged before the marker changed: `<leaf>.tmp-<hex>`, where the leaf is one the
+# layout writes (a digest or a fixed file name), never a user's repository or tag name.
+_LEGACY_STAGING = re.compile(
+    r"(?:[0-9a-f]{64}|current|history|session|data)\.tmp-[0-9a-f]{12}(?:[0-9a-f]{20})?")
+
+
+def is_staged_leaf(name: str) -> bool:
+    """Whether the last component of a key names a staged object (current or legacy form)."""
+    return STAGING_MARKER in name or _LEGACY_STAGING.fullmatch(name) is not None
 
 
 class KeyNotFound(Exception):

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from registry.service.storage.base import STAGING_MARKER, KeyNotFound, Stat
+from registry.service.storage.base import STAGING_MARKER, KeyNotFound, Stat, is_staged_leaf
 
 PIECE = 1024 * 1024  # bytes per read or write handed to a worker thread
 INLINE_READ = 256 * 1024  # objects up to this size are read on the loop in one call
@@ -187,7 +187,7 @@ def _staged_files(root: str) -> list[tuple[str, Stat]]:
     found = []
     for directory, _, names in os.walk(root):
         for name in names:
-            if STAGING_MARKER in name:
+            if is_staged_leaf(name):
                 path = os.path.join(directory, name)
                 with contextlib.suppress(FileNotFoundError):  # published meanwhile
                     st = os.stat(path)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
-from registry.service.storage.base import STAGING_MARKER, KeyNotFound, Stat
+from registry.service.storage.base import STAGING_MARKER, KeyNotFound, Stat, is_staged_leaf
 
 PART = 8 * 1024 * 1024  # multipart part size for appends and commits (S3 minimum is 5 MiB)
 PIECE = 1024 * 1024
@@ -286,7 +286,7 @@ class S3Store:
             key = obj["Key"][len(self.prefix):]
             if SEGMENTS + "/" in key:
                 key = key.rsplit(SEGMENTS + "/", 1)[0]
-            if STAGING_MARKER not in key.rsplit("/", 1)[-1]:
+            if not is_staged_leaf(key.rsplit("/", 1)[-1]):
                 continue
             seen = found.get(key, Stat(0, 0.0))
             found[key] = Stat(seen.size + obj["Size"],

@@ -218,3 +218,14 @@ async def test_legal_names_that_look_like_staging_are_listed_and_never_staged(
     assert await store.list("repositories/team/model.tmp-1/_manifests/tags") == ["v1.tmp-2"]
     assert await store.list("repositories/team/model.tmp-1/_layers/sha256") == ["a.tmp-3"]
     assert list(await store.staged()) == []
+
+
+async def test_staged_also_finds_leftovers_of_the_old_tmp_marker(store: BlobStore) -> None:
+    """Keys staged before the marker became `~tmp-` are still swept; only leaves the layout
+    itself writes can match, so `.tmp-` inside a repository or tag name never does."""
+    old = ["blobs/sha256/ab/" + "a" * 64 + ".tmp-0123456789ab",
+           "repositories/r/_manifests/tags/v1/current.tmp-" + "f" * 32]
+    for key in old:
+        await store.put(key, b"x")
+    await store.put("repositories/r.tmp-0123456789ab/_manifests/tags/t.tmp-1/current", b"d")
+    assert sorted(key for key, _ in await store.staged()) == sorted(old)
