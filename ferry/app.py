@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from ferry import __version__
 from ferry.config import Settings
@@ -27,6 +28,7 @@ from server import (
     transfer_api,
 )
 from server.api_errors import handle_ferry_error
+from server.browser_guard import BrowserGuard
 from server.scheduler import Scheduler
 
 log = logging.getLogger("ferry.server")
@@ -71,6 +73,8 @@ def build_model_server(settings: Settings, scheduler: Scheduler | None = None,
         routes=routes,
         exception_handlers={FerryError: handle_ferry_error},
         lifespan=lifespan,
+        middleware=[Middleware(BrowserGuard, bind_host=settings.host, origins=settings.origins,
+                               allowed_hosts=settings.allowed_hosts)],
     )
     app.state.settings = settings
     app.state.version = __version__

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from ferry import __version__, commands
 from ferry.client import CLIError
 from ferry.config import ConfigError, Settings
+from ferry.home import make_home
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -52,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         settings = Settings.from_env()
+        make_home(settings.home)
         return int(args.func(args, settings) or 0)
     except (CLIError, ConfigError) as exc:
         print(f"Error: {exc}", file=sys.stderr)

@@ -46,6 +46,11 @@ def _flag(env: Mapping[str, str], key: str) -> bool:
     return env.get(key, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _list(env: Mapping[str, str], key: str) -> tuple[str, ...]:
+    """A comma-separated list; blanks dropped."""
+    return tuple(item.strip() for item in env.get(key, "").split(",") if item.strip())
+
+
 def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 0) -> int:
     raw = env.get(key, "").strip()
     if not raw:
@@ -133,6 +138,10 @@ class Settings:
     tls_key: str = ""
     # runners: bytes of cache snapshots the prefix-cache trie keeps between requests
     prefix_cache_bytes: int = 1 << 30
+    # model server: browser origins (globs) allowed besides the loopback and app ones
+    origins: tuple[str, ...] = ()
+    # model server on a non-loopback address: the Host names it answers (globs); empty: any
+    allowed_hosts: tuple[str, ...] = ()
 
     @property
     def base_url(self) -> str:
@@ -190,6 +199,8 @@ class Settings:
             tls_cert=env.get("FERRY_TLS_CERT", "").strip(),
             tls_key=env.get("FERRY_TLS_KEY", "").strip(),
             prefix_cache_bytes=_int(env, "FERRY_PREFIX_CACHE_BYTES", 1 << 30),
+            origins=_list(env, "FERRY_ORIGINS"),
+            allowed_hosts=_list(env, "FERRY_ALLOWED_HOSTS"),
         )
 
     def with_(self, **changes: object) -> Settings:

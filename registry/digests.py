@@ -15,6 +15,7 @@ from registry.errors import InvalidDigest
 
 # \Z, not $: `$` also matches before a trailing newline, which would let "sha256:<hex>\n" pass.
 _DIGEST_RE = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})\Z")
+_WIRE_RE = re.compile(r"sha256:[0-9a-f]{64}")
 ALGORITHM = "sha256"
 
 
@@ -33,12 +34,24 @@ class Digest:
         return cls(match.group(1).lower())
 
     @classmethod
+    def parse_wire(cls, text: str) -> Digest:
+        """Only the canonical wire form, `sha256:<64 lower-case hex>` (the registry API's)."""
+        if not isinstance(text, str) or _WIRE_RE.fullmatch(text) is None:
+            reason = "expected sha256:<64 lower-case hex>" if Digest.is_valid(text) else None
+            raise InvalidDigest(str(text)[:100], reason or _reason(str(text)))
+        return cls(text[7:])
+
+    @classmethod
     def of(cls, data: bytes) -> Digest:
         return cls(hashlib.sha256(data).hexdigest())
 
     @staticmethod
     def is_valid(text: str) -> bool:
         return isinstance(text, str) and _DIGEST_RE.match(text) is not None
+
+    @staticmethod
+    def is_wire(text: str) -> bool:
+        return isinstance(text, str) and _WIRE_RE.fullmatch(text) is not None
 
     @property
     def filename(self) -> str:

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from registry import bounded_json
 from registry import media_types as mt
 from registry.digests import Digest
 from registry.errors import InvalidDigest, InvalidManifest, TooLarge
@@ -150,8 +151,8 @@ def parse_manifest(
     if len(raw) > max_bytes:
         raise TooLarge("manifest", max_bytes, len(raw))
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = bounded_json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, bounded_json.JSONLimitError) as exc:
         raise InvalidManifest(f"not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidManifest("the top level must be a JSON object")

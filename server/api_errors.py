@@ -15,6 +15,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from registry import bounded_json
+from registry.decimal_text import saturating_decimal
 from registry.errors import (
     Conflict,
     DigestMismatch,
@@ -76,6 +78,8 @@ def status_for(exc: BaseException) -> int:
 def error_message(exc: BaseException) -> str:
     if isinstance(exc, FerryError):
         return exc.message
+    if isinstance(exc, OSError):  # its str() names a server path; its strerror does not
+        return exc.strerror or type(exc).__name__
     return str(exc) or type(exc).__name__
 
 
@@ -97,8 +101,8 @@ async def read_json(request: Request) -> dict:
     if not body:
         return {}
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = bounded_json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, bounded_json.JSONLimitError) as exc:
         raise APIError(400, f"invalid JSON body: {exc}") from exc
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
@@ -113,8 +117,8 @@ def body_limit(request: Request) -> int:
 async def read_limited(request: Request, limit: int) -> bytes:
     """The body, counted as it streams in: a declared or actual size over `limit` is refused
     before more than `limit` bytes are held, so a huge body never fills memory."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    declared = saturating_decimal(request.headers.get("content-length"))
+    if declared is not None and declared > limit:
         raise TooLarge("request body", limit)
     parts: list[bytes] = []
     size = 0

@@ -73,7 +73,8 @@ async def show(request: Request) -> JSONResponse:
 
 
 def _path_digest(request: Request) -> Digest:
-    return Digest.parse(request.path_params["digest"])
+    """From the raw path: the route's parameter has a trailing newline already dropped."""
+    return Digest.parse(request.scope["path"].removeprefix("/api/blobs/"))
 
 
 async def head_blob(request: Request) -> Response:

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     gc.add_argument("--dry-run", action="store_true", help="report what would go, delete nothing")
     gc.add_argument("--grace", type=float, default=3600.0,
                     help="keep unreferenced blobs written or linked this many seconds ago "
-                    "(uploads in flight) (default 3600)")
+                    "(uploads in flight) (default 3600, at least 1200)")
     gc.set_defaults(func=run_gc)
 
 
@@ -198,12 +198,15 @@ def _refuse_open_exposure(settings: Settings) -> None:
 
 def run_gc(args: argparse.Namespace, settings: Settings) -> int:
     from ferry.app import registry_store
-    from registry.service.gc import collect_garbage
+    from ferry.client import CLIError
+    from registry.service.gc import GraceTooShort, collect_garbage
 
     settings = _with_flags(args, settings)
     store = registry_store(settings)
     try:
         report = asyncio.run(collect_garbage(store, grace=args.grace, dry_run=args.dry_run))
+    except GraceTooShort as exc:
+        raise CLIError(str(exc)) from exc
     finally:
         store.close()
     verb = "would delete" if args.dry_run else "deleted"

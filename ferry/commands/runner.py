@@ -6,19 +6,30 @@ mlx[cpu] wheel is a slow reference one; Debian's OpenBLAS, when installed, is ~7
 library must be preloaded before the process starts, so the command re-executes itself once
 with LD_PRELOAD naming OpenBLAS. The scheduler need not know: it just runs `ferry runner`.
 The LD_PRELOAD value itself guards against a loop (a second start sees it and goes on).
+
+A runner holds a model's memory, so it must not outlive the server that spawned it, even one
+killed with SIGKILL (no cleanup runs then): `die_with_parent` asks Linux for SIGKILL when the
+parent goes (prctl PR_SET_PDEATHSIG), and elsewhere watches the parent pid from a thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 from ferry.config import Settings
 
 HIDDEN = {"runner"}
 OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_POLL_SECONDS = 1.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,7 +56,34 @@ def preload_env(settings: Settings, blas: Path = OPENBLAS) -> dict[str, str] | N
     return env
 
 
+def die_with_parent(parent: int | None = None) -> None:
+    """Exit (SIGKILL) as soon as the parent process is gone. `parent`: the pid this process
+    started under (default: the current parent), so a parent that died before the call counts.
+    """
+    parent = os.getppid() if parent is None else parent
+    if not (sys.platform.startswith("linux") and _set_parent_death_signal()):
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                         name="ferry-parent-watch").start()
+    if os.getppid() != parent:  # it went before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _set_parent_death_signal() -> bool:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return int(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_SECONDS)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    die_with_parent()  # first, before loading anything (and again after the re-exec below)
     env = preload_env(settings)
     if env is not None:
         sys.stdout.flush()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,7 +12,6 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from registry.errors import FerryError
 from registry.manifests import MAX_MANIFEST_BYTES
@@ -23,6 +23,7 @@ from registry.service.auth.gate import Gate
 from registry.service.auth.limits import LimitSettings
 from registry.service.auth.middleware import AccessMiddleware
 from registry.service.errors import RegistryError, handle_error
+from registry.service.header_limits import MESSAGE, HeaderLimitedProtocol
 from registry.service.registry import DEFAULT_UPLOAD_SESSION_TTL, Registry
 from registry.service.storage.base import BlobStore
 from registry.service.storage.filesystem import FilesystemStore
@@ -54,14 +55,16 @@ class APIVersionHeader:
         await self.app(scope, receive, send_with_header)
 
 
-class BulkHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with deeper write buffers.
+class BulkHttpProtocol(HeaderLimitedProtocol):
+    """uvicorn's httptools protocol with deeper write buffers (and capped request heads).
 
     By default a transport pauses the response at 64 KiB buffered and resumes at 16 KiB, so a
     blob GET on a connection whose kernel send buffer is still small (one that just carried a
     big upload) stalls on every refill while Python wakes up. Pausing at 2 MiB and resuming at
     512 KiB keeps bytes queued through those wake-ups; only large bodies ever fill it.
     """
+
+    error_body = json.dumps({"errors": [{"code": "UNSUPPORTED", "message": MESSAGE}]})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

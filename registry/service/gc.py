@@ -6,7 +6,13 @@ that is not marked goes, unless it is younger than the grace period or a reposit
 within the grace period: that is how an upload or mount in flight, whose manifest has not
 arrived yet, keeps its blobs (uploads re-publish, so even a deduplicated blob looks young).
 Ages are read blob by blob during the sweep, so a blob touched during the mark survives.
-Staged `*.tmp-*` objects past the grace period go too: a writer that crashed mid-commit left them.
+
+Two things keep a manifest pushed while gc runs from losing its blobs. Before sweeping, the mark
+looks again for revisions stored since it started (a second pass over what it had not seen), so
+correctness does not rest on timing alone. A manifest stored after that second look refreshed
+every link it uses that was older than FRESH_LINK (blobs.py), so its blobs are younger than the
+grace period, which therefore may not be shorter than MIN_GRACE.
+Staged `*~tmp-*` objects past the grace period go too: a writer that crashed mid-commit left them.
 """
 
 from __future__ import annotations
@@ -19,11 +25,20 @@ from registry.digests import Digest
 from registry.errors import FerryError
 from registry.manifests import parse_manifest
 from registry.service import paths
-from registry.service.blobs import list_repositories
+from registry.service.blobs import FRESH_LINK, list_repositories
 from registry.service.storage.base import BlobStore, KeyNotFound
 
 log = logging.getLogger("ferry.registry.gc")
 DEFAULT_GRACE = 3600.0
+MIN_GRACE = 2 * FRESH_LINK  # a refreshed link stays young while its manifest PUT finishes
+
+
+class GraceTooShort(ValueError):
+    """A grace period that would let a manifest push in flight lose its blobs."""
+
+    def __init__(self, grace: float) -> None:
+        super().__init__(f"--grace {grace:g} is below the safe minimum of {MIN_GRACE:g} seconds "
+                         "(a manifest pushed while gc runs could lose its blobs)")
 
 
 @dataclass
@@ -32,19 +47,23 @@ class GCReport:
     swept: list[Digest] = field(default_factory=list)
     kept_young: list[Digest] = field(default_factory=list)
     freed_bytes: int = 0
-    staging_swept: list[str] = field(default_factory=list)  # keys of stale `.tmp-` leftovers
+    staging_swept: list[str] = field(default_factory=list)  # keys of stale `~tmp-` leftovers
 
 
 async def collect_garbage(
     store: BlobStore, grace: float = DEFAULT_GRACE, dry_run: bool = False,
     now: float | None = None,
 ) -> GCReport:
+    if grace < MIN_GRACE:
+        raise GraceTooShort(grace)
     report = GCReport()
-    repos = await list_repositories(store)
-    for repo in repos:
-        await _mark_repository(store, repo, report.marked)
+    seen: set[tuple[str, Digest]] = set()
+    await _mark(store, report.marked, seen)
     now = time.time() if now is None else now
-    for digest in await _all_blobs(store):
+    candidates = [d for d in await _all_blobs(store) if d not in report.marked]
+    await _mark(store, report.marked, seen)  # manifests stored while the first pass ran
+    repos = await list_repositories(store)
+    for digest in candidates:
         if digest in report.marked:
             continue
         touched = await _last_touched(store, digest, repos)
@@ -74,20 +93,28 @@ async def _sweep_staging(store: BlobStore, before: float, dry_run: bool,
                 await store.delete(key)
 
 
-async def _mark_repository(store: BlobStore, repo: str, marked: set[Digest]) -> None:
-    for hex_ in await store.list(paths.revisions_dir(repo)):
-        digest = Digest(hex_)
-        marked.add(digest)
-        try:
-            raw = await store.get(paths.blob(digest))
-            media_type = (await store.get(paths.revision_link(repo, digest))).decode()
-            manifest = parse_manifest(raw, media_type, max_bytes=len(raw))
-        except (KeyNotFound, FerryError) as exc:
-            log.warning("gc: %s@%s is unreadable (%s); marking nothing from it", repo, digest, exc)
-            continue
-        marked.update(d.digest for d in manifest.references())
-        if manifest.subject is not None:
-            marked.add(manifest.subject.digest)
+async def _mark(store: BlobStore, marked: set[Digest], seen: set[tuple[str, Digest]]) -> None:
+    """Mark from every revision of every repository not in `seen` (then add it there)."""
+    for repo in await list_repositories(store):
+        for hex_ in await store.list(paths.revisions_dir(repo)):
+            if (repo, Digest(hex_)) not in seen:
+                seen.add((repo, Digest(hex_)))
+                await _mark_revision(store, repo, Digest(hex_), marked)
+
+
+async def _mark_revision(store: BlobStore, repo: str, digest: Digest,
+                         marked: set[Digest]) -> None:
+    marked.add(digest)
+    try:
+        raw = await store.get(paths.blob(digest))
+        media_type = (await store.get(paths.revision_link(repo, digest))).decode()
+        manifest = parse_manifest(raw, media_type, max_bytes=len(raw))
+    except (KeyNotFound, FerryError) as exc:
+        log.warning("gc: %s@%s is unreadable (%s); marking nothing from it", repo, digest, exc)
+        return
+    marked.update(d.digest for d in manifest.references())
+    if manifest.subject is not None:
+        marked.add(manifest.subject.digest)
 
 
 async def _last_touched(

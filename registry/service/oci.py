@@ -12,11 +12,13 @@ import re
 from collections.abc import Awaitable, Callable
 from urllib.parse import quote
 
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from registry import media_types as mt
+from registry.decimal_text import saturating_decimal
 from registry.digests import Digest
 from registry.names import parse_repository
 from registry.service import oci_blobs
@@ -43,11 +45,17 @@ async def base(request: Request) -> Response:
 # -- manifests ------------------------------------------------------------------------------------
 
 
+def _readable_reference(reference: str) -> None:
+    """A GET, HEAD or DELETE of a reference that is neither a tag nor a wire digest names
+    nothing that can exist: 404 (the distribution spec's pull tests expect it, not 400)."""
+    if not (is_tag(reference) or Digest.is_wire(reference)):
+        raise RegistryError("MANIFEST_UNKNOWN", detail={"reference": reference[:200]})
+
+
 async def _resolve(reg: Registry, repo: str, reference: str) -> Digest:
+    _readable_reference(reference)
     if ":" in reference:
         return parse_digest(reference)
-    if not is_tag(reference):
-        raise RegistryError("MANIFEST_INVALID", f"invalid tag {reference!r}")
     digest = await reg.tags.current(repo, reference)
     if digest is None:
         raise RegistryError("MANIFEST_UNKNOWN", detail={"tag": reference})
@@ -65,9 +73,9 @@ async def manifest_get(request: Request, repo: str, reference: str) -> Response:
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise RegistryError("MANIFEST_TOO_LARGE", detail={"limit": limit, "size": int(declared)})
+    declared = saturating_decimal(request.headers.get("content-length"))
+    if declared is not None and declared > limit:
+        raise RegistryError("MANIFEST_TOO_LARGE", detail={"limit": limit, "size": declared})
     parts, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -85,7 +93,7 @@ async def manifest_put(request: Request, repo: str, reference: str) -> Response:
     elif is_tag(reference):
         tag = reference
     else:
-        raise RegistryError("MANIFEST_INVALID", f"invalid tag {reference!r}")
+        raise RegistryError("MANIFEST_INVALID", f"invalid tag {reference[:200]!r}")
     raw = await _read_limited(request, reg.max_manifest_bytes)
     if tag is None and Digest.of(raw) != wanted:
         raise RegistryError("DIGEST_INVALID", f"the manifest's digest is {Digest.of(raw)}, "
@@ -102,6 +110,7 @@ async def manifest_put(request: Request, repo: str, reference: str) -> Response:
 
 async def manifest_delete(request: Request, repo: str, reference: str) -> Response:
     reg = _registry(request)
+    _readable_reference(reference)
     if ":" not in reference:
         if not await reg.tags.remove(repo, reference):
             raise RegistryError("MANIFEST_UNKNOWN", detail={"tag": reference})
@@ -124,9 +133,9 @@ def _page(request: Request, names: list[str], url: str) -> tuple[list[str], dict
     raw_n = request.query_params.get("n")
     if raw_n is None or raw_n == "":
         return names, {}
-    if not raw_n.isdigit():
-        raise RegistryError("PAGINATION_NUMBER_INVALID", detail={"n": raw_n})
-    limit = int(raw_n)
+    limit = saturating_decimal(raw_n)
+    if limit is None:
+        raise RegistryError("PAGINATION_NUMBER_INVALID", detail={"n": raw_n[:100]})
     if len(names) <= limit:
         return names, {}
     page = names[:limit]
@@ -173,30 +182,32 @@ _NEEDS: dict[Handler, str] = {
 }
 
 _ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
-    (re.compile(r"^(.+)/blobs/uploads/?()$"), {"POST": oci_blobs.upload_start}),
-    (re.compile(r"^(.+)/blobs/uploads/([^/]+)$"), {
+    (re.compile(r"(.+)/blobs/uploads/?()", re.DOTALL), {"POST": oci_blobs.upload_start}),
+    (re.compile(r"(.+)/blobs/uploads/([^/]+)", re.DOTALL), {
         "GET": oci_blobs.upload_status, "PATCH": oci_blobs.upload_patch,
         "PUT": oci_blobs.upload_finish, "DELETE": oci_blobs.upload_cancel}),
-    (re.compile(r"^(.+)/blobs/([^/]+)$"), {
+    (re.compile(r"(.+)/blobs/([^/]+)", re.DOTALL), {
         "GET": oci_blobs.blob_get, "HEAD": oci_blobs.blob_get, "DELETE": oci_blobs.blob_delete}),
-    (re.compile(r"^(.+)/manifests/([^/]+)$"), {
+    (re.compile(r"(.+)/manifests/([^/]+)", re.DOTALL), {
         "GET": manifest_get, "HEAD": manifest_get, "PUT": manifest_put,
         "DELETE": manifest_delete}),
-    (re.compile(r"^(.+)/tags/list()$"), {"GET": tags_list}),
-    (re.compile(r"^(.+)/referrers/([^/]+)$"), {"GET": referrers}),
+    (re.compile(r"(.+)/tags/list()", re.DOTALL), {"GET": tags_list}),
+    (re.compile(r"(.+)/referrers/([^/]+)", re.DOTALL), {"GET": referrers}),
 ]
 
 
 async def _dispatch(request: Request) -> Response:
-    path = request.path_params["path"]
+    # The raw path, not the route's parameter: Starlette's `$` drops a trailing newline, so
+    # `manifests/v1%0a` would reach the handler as `v1`. The patterns are full-matched.
+    path = request.scope["path"].removeprefix("/v2/")
     for pattern, handlers in _ROUTES:
-        match = pattern.match(path)
+        match = pattern.fullmatch(path)
         if match is None:
             continue
         handler = handlers.get(request.method)
         if handler is None:
             raise RegistryError("UNSUPPORTED", f"{request.method} is not supported here")
-        repo = parse_repository(match.group(1))
+        repo = parse_repository(match.group(1))  # a newline in it fails here
         authorize(request, repo, _NEEDS.get(handler, "push"))
         return await handler(request, repo, match.group(2))
     raise RegistryError("NAME_UNKNOWN", f"no route for /v2/{path}")
@@ -204,9 +215,19 @@ async def _dispatch(request: Request) -> Response:
 
 METHODS = ["GET", "HEAD", "PUT", "POST", "PATCH", "DELETE"]
 
+
+class AnyPathConvertor(PathConvertor):
+    """`path`, but across newlines too, so `/v2/a%0a/...` reaches `_dispatch` (and gets its
+    NAME_INVALID) instead of falling out of the router as a plain-text 404."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("v2path", AnyPathConvertor())
+
 routes = [
     Route("/v2/", base, methods=["GET"]),
     Route("/v2", base, methods=["GET"]),
     Route("/v2/_catalog", catalog, methods=["GET"]),
-    Route("/v2/{path:path}", _dispatch, methods=METHODS),
+    Route("/v2/{path:v2path}", _dispatch, methods=METHODS),
 ]

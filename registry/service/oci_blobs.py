@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from registry.decimal_text import saturating_decimal
 from registry.digests import Digest
 from registry.names import parse_repository
 from registry.service import paths
@@ -17,7 +18,7 @@ from registry.service.registry import Registry
 from registry.service.uploads import Chunk, range_header
 
 INLINE_BODY = 256 * 1024  # blobs up to this size are answered in one body, bigger ones streamed
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)")  # ASCII digits: \d takes any script's
 
 
 def _registry(request: Request) -> Registry:
@@ -25,7 +26,7 @@ def _registry(request: Request) -> Registry:
 
 
 def parse_digest(text: str) -> Digest:
-    return Digest.parse(text)  # InvalidDigest -> 400 DIGEST_INVALID
+    return Digest.parse_wire(text)  # InvalidDigest -> 400 DIGEST_INVALID
 
 
 def _session_headers(repo: str, upload_id: str, offset: int) -> dict[str, str]:
@@ -91,17 +92,17 @@ async def blob_get(request: Request, repo: str, reference: str) -> Response:
 
 def _satisfiable_range(header: str, size: int) -> tuple[int, int]:
     """One `bytes=a-b` / `a-` / `-n` range clamped to the blob; 416 when it cannot be served."""
-    match = _RANGE.match(header.strip())
+    match = _RANGE.fullmatch(header.strip())
     if match is None or match.group(1) == match.group(2) == "":
         raise _unsatisfiable(size)
     first, last = match.group(1), match.group(2)
     if first == "":
-        suffix = int(last)
+        suffix = saturating_decimal(last) or 0
         if suffix == 0:
             raise _unsatisfiable(size)
         return max(size - suffix, 0), size - 1
-    start = int(first)
-    end = min(int(last), size - 1) if last else size - 1
+    start = saturating_decimal(first) or 0
+    end = min(saturating_decimal(last) or 0, size - 1) if last else size - 1
     if start >= size or start > end:
         raise _unsatisfiable(size)
     return start, end
@@ -154,7 +155,7 @@ async def upload_patch(request: Request, repo: str, upload_id: str) -> Response:
     if "content-range" in request.headers:
         chunk = Chunk.parse(request.headers["content-range"])
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) != chunk.length:
+        if length is not None and saturating_decimal(length) != chunk.length:
             raise RegistryError("BLOB_UPLOAD_INVALID",
                                 f"Content-Length {length} does not match Content-Range")
     uploads = _registry(request).uploads

@@ -15,8 +15,9 @@
         _uploads/<uuid>/session                           JSON: started, repository
         _uploads/<uuid>/data                              the bytes received so far
 
-A `<key>.tmp-<id>` beside a key is that key being written; listings never show it, and gc
-removes those older than its grace period (a crash mid-commit leaves them).
+A `<key>~tmp-<id>` beside a key is that key being written; listings never show it, and gc
+removes those older than its grace period (a crash mid-commit leaves them). No legal repository,
+tag or digest contains `~`, so the marker never hides live data.
 
 `_layers`, `_manifests`, `_referrers` and `_uploads` cannot clash with repository components,
 which never start with `_` (names.parse_repository). Links are small files, so a repository sees
@@ -27,6 +28,7 @@ removes bytes no link reaches.
 from __future__ import annotations
 
 from registry.digests import Digest
+from registry.service.storage.base import STAGING_MARKER
 
 BLOBS = "blobs/sha256"
 REPOSITORIES = "repositories"
@@ -36,16 +38,8 @@ def blob(digest: Digest) -> str:
     return f"{BLOBS}/{digest.hex[:2]}/{digest.hex}"
 
 
-def repository(name: str) -> str:
-    return f"{REPOSITORIES}/{name}"
-
-
 def layer_link(name: str, digest: Digest) -> str:
     return f"{REPOSITORIES}/{name}/_layers/sha256/{digest.hex}"
-
-
-def layers_dir(name: str) -> str:
-    return f"{REPOSITORIES}/{name}/_layers/sha256"
 
 
 def revision_link(name: str, digest: Digest) -> str:
@@ -70,11 +64,7 @@ def tag_history(name: str, tag: str) -> str:
 
 def staging(key: str, unique: str) -> str:
     """A temporary key beside `key`, for bytes about to be committed to it."""
-    return f"{key}.tmp-{unique}"
-
-
-def tag_dir(name: str, tag: str) -> str:
-    return f"{REPOSITORIES}/{name}/_manifests/tags/{tag}"
+    return f"{key}{STAGING_MARKER}{unique}"
 
 
 def referrers_dir(name: str, subject: Digest) -> str:

@@ -21,12 +21,12 @@ from registry.service import paths
 from registry.service.errors import RegistryError
 from registry.service.storage.base import BlobStore, KeyNotFound
 
-_TAG = re.compile(r"^[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}$")
+_TAG = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}")
 MAX_SWAPS = 64  # compare-and-swap attempts per step before a move gives up (429: retry later)
 
 
 def is_tag(reference: str) -> bool:
-    return _TAG.match(reference) is not None
+    return _TAG.fullmatch(reference) is not None
 
 
 @dataclass(frozen=True)

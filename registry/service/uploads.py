@@ -5,6 +5,15 @@ memory, so it survives a restart and any replica can continue it. The sha256 sta
 serialized, so each process keeps a hasher per session as a cache: the data object only grows by
 appends at its end, so a cached hasher of the first N bytes stays right, and the process catches
 up by hashing only the bytes it has not seen (all of them after a restart).
+
+Durability, the guarantee a client may rely on: an acknowledged PATCH's bytes are in storage
+when the 202 goes out (written to the file, or a finished S3 segment), so they survive the
+registry process being killed, kill -9 included. They are not fsynced per chunk (that would
+cost every upload a disk flush per PATCH); after a machine crash the session may hold fewer
+bytes than were acknowledged. Either way the offset the session reports (GET on the upload,
+the `Range` header) is what storage holds, so a client resumes by re-sending from that offset,
+as the distribution spec describes; the final PUT verifies the digest over every byte, and the
+commit fsyncs before publishing, so a gap can never become a published blob.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ from registry.service.blobs import Blobs, list_repositories
 from registry.service.errors import RegistryError
 from registry.service.storage.base import BlobStore
 
-_UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
-_CONTENT_RANGE = re.compile(r"^(?:bytes[ =])?(\d+)-(\d+)(?:/(?:\d+|\*))?$")
+_UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
+# At most 18 ASCII digits a side: larger offsets exist in no upload, and int() of thousands of
+# digits is slow and then refused by Python.
+_CONTENT_RANGE = re.compile(r"(?:bytes[ =])?([0-9]{1,18})-([0-9]{1,18})(?:/(?:[0-9]+|\*))?")
 
 
 @dataclass(frozen=True)
@@ -36,7 +47,7 @@ class Chunk:
 
     @classmethod
     def parse(cls, header: str) -> Chunk:
-        match = _CONTENT_RANGE.match(header.strip())
+        match = _CONTENT_RANGE.fullmatch(header.strip())
         if match is None or int(match.group(2)) < int(match.group(1)):
             raise RegistryError("BLOB_UPLOAD_INVALID", f"invalid Content-Range {header!r}")
         return cls(int(match.group(1)), int(match.group(2)))
@@ -81,7 +92,7 @@ class Uploads:
         await self._drop(repo, upload_id)
 
     async def _require(self, repo: str, upload_id: str) -> None:
-        if not _UPLOAD_ID.match(upload_id) or (
+        if not _UPLOAD_ID.fullmatch(upload_id) or (
             await self.store.stat(paths.upload_session(repo, upload_id)) is None
         ):
             raise RegistryError("BLOB_UPLOAD_UNKNOWN", detail={"uuid": upload_id})

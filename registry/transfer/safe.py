@@ -7,10 +7,14 @@ network. So no request follows a redirect by itself; every hop (the first reques
 1. allows only http and https, and never http once the chain has used https (not even with
    `--insecure`), and plain http to the registry itself only with `--insecure`;
 2. resolves the host once (A and AAAA, dnspython, through an injectable resolver) and refuses it
-   when any address is loopback, private, ULA, link-local, CGNAT, benchmarking, multicast,
-   unspecified or reserved (IPv4-mapped IPv6 unwrapped first) unless `--insecure`; a DNS failure
-   or an empty answer is a refusal. The registry host the user named is exempt from this check;
-3. returns the checked address, which the session then connects to (no second lookup, so the
+   when any address is in ferry's table of special-purpose ranges (`address_ranges.py`: loopback,
+   private, link-local, CGNAT, documentation, multicast, reserved, ...) unless `--insecure`; a
+   DNS failure or an empty answer is a refusal. Numeric hosts in the legacy forms
+   (`2130706433`, `0x7f.1`, `127.1`) are refused outright, whatever they would mean;
+3. exempts the registry the user named from the address check, by origin (same scheme, host and
+   port) only, and pins it: its addresses are resolved at the first hop and reused for the whole
+   transfer, so a later lookup cannot move it into the private network;
+4. returns the checked address, which the session then connects to (no second lookup, so the
    answer cannot be rebound between check and connect).
 """
 
@@ -18,20 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
 
+from registry.transfer.address_ranges import IPAddress, refused_range
 from registry.transfer.errors import RedirectRefused
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 MAX_HOPS = 10
 INSECURE_HINT = "pass --insecure for a private registry"
-_CGNAT = ipaddress.ip_network("100.64.0.0/10")
-_BENCHMARKING = ipaddress.ip_network("198.18.0.0/15")
+# What inet_aton (and so browsers and curl) reads as an IPv4 address: 1-4 parts, each decimal,
+# 0x-hex or 0-octal, e.g. 2130706433, 0x7f.1, 127.1, 0177.0.0.1.
+_NUMERIC_HOST = re.compile(r"(?:(?:0x[0-9a-f]*|[0-9]+)\.){0,3}(?:0x[0-9a-f]*|[0-9]+)\.?", re.I)
 
 
 class ResolveError(Exception):
@@ -84,30 +89,28 @@ class DnsResolver:
 
 def address_problem(address: IPAddress) -> str | None:
     """Why a hop may not connect to `address` without --insecure, or None if it is public."""
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.is_site_local:  # fec0::/10, deprecated but still private in practice
-            return "private address"
-        # IPv4-mapped (::ffff:a.b.c.d) and 6to4 (2002:aabb:ccdd::) carry an IPv4 address
-        # that a local gateway may route to: judge that one.
-        embedded = address.ipv4_mapped or address.sixtofour
-        if embedded is not None:
-            address = embedded
-    checks: list[tuple[bool, str]] = [
-        (address.is_unspecified, "unspecified address"),
-        (address.is_loopback, "loopback address"),
-        (address.is_link_local, "link-local address"),
-        (address.is_multicast, "multicast address"),
-        (isinstance(address, ipaddress.IPv4Address) and address in _CGNAT, "CGNAT address"),
-        (isinstance(address, ipaddress.IPv4Address) and address in _BENCHMARKING,
-         "benchmarking address"),
-        (address.is_reserved, "reserved address"),
-        (address.is_private, "private address"),
-        (not address.is_global, "reserved address"),
-    ]
-    for failed, rule in checks:
-        if failed:
-            return rule
-    return None
+    return refused_range(address)
+
+
+def legacy_numeric_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """The address a numeric host that is not a dotted quad means to inet_aton (and so to
+    browsers and curl), or None when `host` is a name or a plain dotted quad."""
+    if _NUMERIC_HOST.fullmatch(host) is None or _is_literal(host):
+        return None
+    parts = [_numeric_part(p) for p in host.rstrip(".").split(".")]
+    value = 0
+    for part in parts[:-1]:
+        value = value << 8 | min(part, 0xFF)
+    room = 8 * (5 - len(parts))  # the last part fills the bytes the others left
+    return ipaddress.IPv4Address(value << room | min(parts[-1], (1 << room) - 1))
+
+
+def _numeric_part(text: str) -> int:
+    if text[:2].lower() == "0x":
+        return int(text[2:] or "0", 16)
+    if len(text) > 1 and text.startswith("0"):
+        return int(text, 8) if set(text) <= set("01234567") else 0xFFFFFFFF
+    return int(text[:12])  # longer is out of range anyway
 
 
 def shown(url: httpx.URL) -> str:
@@ -124,9 +127,9 @@ class RedirectPolicy:
     insecure: bool
     resolver: Resolver
     max_hops: int = MAX_HOPS
-
-    def is_registry_host(self, url: httpx.URL) -> bool:
-        return url.host.lower() == self.registry.host.lower()
+    # The registry's addresses, resolved once at its first hop and reused for the whole
+    # transfer (mutable though the policy is not: it fills on first use).
+    pinned: list[IPAddress] = field(default_factory=list, compare=False)
 
     def is_registry_origin(self, url: httpx.URL) -> bool:
         """Same scheme, host and port: the only place `Authorization` may go."""
@@ -169,8 +172,14 @@ async def check_hop(url: httpx.URL, policy: RedirectPolicy, chain: HopChain) -> 
         raise RedirectRefused(shown(url), f"more than {policy.max_hops} redirects",
                               redirected=True)
     _check_scheme(url, policy, chain, redirected)
-    addresses = await _resolve(url, policy, redirected)
-    if not policy.insecure and not policy.is_registry_host(url):
+    registry = policy.is_registry_origin(url)
+    if registry and policy.pinned:
+        addresses: Sequence[IPAddress] = policy.pinned
+    else:
+        addresses = await _resolve(url, policy, redirected)
+    if registry and not policy.pinned:
+        policy.pinned.extend(addresses)
+    if not policy.insecure and not registry:
         for address in addresses:
             problem = address_problem(address)
             if problem is not None:
@@ -209,6 +218,10 @@ async def _resolve(url: httpx.URL, policy: RedirectPolicy,
     host = url.host
     if _is_literal(host):
         return [ipaddress.ip_address(host)]
+    numeric = legacy_numeric_ipv4(host)
+    if numeric is not None:
+        raise RedirectRefused(shown(url), f"numeric host {host!r} (it reads as {numeric}); "
+                              "write addresses as a dotted quad", redirected=redirected)
     try:
         addresses = list(await policy.resolver.resolve(host.lower()))
     except (ResolveError, OSError, ValueError) as exc:

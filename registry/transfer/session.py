@@ -95,9 +95,10 @@ class SafeSession:
             if not location:
                 raise UpstreamError(response.status_code, "redirect without a Location", str(url))
             try:
-                url = url.join(location)
+                # userinfo in a Location would become a Basic header: never send it on
+                url = url.join(location).copy_with(username=None, password=None)
             except (httpx.InvalidURL, ValueError) as exc:
-                raise FerryError(f"invalid redirect Location {location!r}: {exc}") from exc
+                raise FerryError(f"invalid redirect Location {location[:200]!r}: {exc}") from exc
             if response.status_code == 303 or (
                     response.status_code in (301, 302) and method == "POST"):
                 method, content = "GET", None

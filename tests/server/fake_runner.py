@@ -117,6 +117,9 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
+    from ferry.commands.runner import die_with_parent
+
+    die_with_parent()  # the real runner's mechanism, so the orphan test proves it
     if ARGS.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)

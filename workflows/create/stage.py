@@ -11,7 +11,7 @@ import contextlib
 import os
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -26,6 +26,11 @@ METADATA_FILES = frozenset({"config.json", "generation_config.json",
                             "model.safetensors.index.json", "tokenizer_config.json",
                             "chat_template.jinja"})
 GGUF_MAGIC = b"GGUF"
+# A checkpoint is a flat dir or a few levels of subdirs; these bounds stay far inside what every
+# filesystem allows (255-byte names, 4096-byte paths), so staging never fails on them.
+MAX_PATH_COMPONENT_BYTES = 200
+MAX_PATH_DEPTH = 16
+MAX_PATH_BYTES = 1024
 
 
 def check_relpath(path: Any, field: str) -> str:
@@ -34,9 +39,29 @@ def check_relpath(path: Any, field: str) -> str:
         raise CreateError(f"{field}: invalid path {path!r}")
     if "\\" in path or ":" in path or path.startswith("/") or "\x00" in path:
         raise CreateError(f"{field}: invalid path {path!r}")
-    if any(part in ("", ".", "..") for part in path.split("/")):
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
         raise CreateError(f"{field}: invalid path {path!r}")
+    shown = path if len(path) <= 80 else path[:77] + "..."
+    if len(path.encode()) > MAX_PATH_BYTES or len(parts) > MAX_PATH_DEPTH:
+        raise CreateError(f"{field}: path {shown!r} is longer than {MAX_PATH_BYTES} bytes or "
+                          f"deeper than {MAX_PATH_DEPTH} directories")
+    if any(len(part.encode()) > MAX_PATH_COMPONENT_BYTES for part in parts):
+        raise CreateError(f"{field}: path {shown!r} has a name longer than "
+                          f"{MAX_PATH_COMPONENT_BYTES} bytes")
     return path
+
+
+def check_no_file_is_a_directory(paths: Iterable[str], field: str) -> None:
+    """`a` and `a/b` cannot both be files: one name would be a file and a directory."""
+    files = set(paths)
+    for path in files:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            if parent in files:
+                raise CreateError(f"{field}: {parent!r} is a file, so {path!r} cannot be "
+                                  "inside it")
 
 
 def parse_files_map(value: Any, field: str, limit: int) -> dict[str, Digest]:
@@ -52,6 +77,7 @@ def parse_files_map(value: Any, field: str, limit: int) -> dict[str, Digest]:
             out[path] = Digest.parse(digest)
         except InvalidDigest as exc:
             raise CreateError(f"{field}[{path!r}]: {exc.message}") from exc
+    check_no_file_is_a_directory(list(out), field)
     return out
 
 
@@ -86,7 +112,11 @@ def staged_dir(store: Store, files: Mapping[str, Digest],
     try:
         for rel, digest in files.items():
             check_cancel(cancel)
-            _link(store.blob_path(digest), root / rel)
+            try:
+                _link(store.blob_path(digest), root / rel)
+            except OSError as exc:  # the message names the user's path, never the server's
+                raise CreateError(f"file {rel!r} cannot be staged: "
+                                  f"{exc.strerror or type(exc).__name__}") from None
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)

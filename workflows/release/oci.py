@@ -15,14 +15,25 @@ as long as a contender's read-to-write gap (one HTTP round trip) is shorter than
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from registry import bounded_json
 from registry import media_types as mt
+from registry.errors import FerryError
+from registry.transfer.auth import Authenticator
+from registry.transfer.client import send_authorized
+from registry.transfer.errors import TransientStatus
+from registry.transfer.safe import DnsResolver, RedirectPolicy, Resolver, shown
+from registry.transfer.session import SafeSession, build_ssl_context
 from workflows.release.store import (
     LeaseHeld,
     LeaseLost,
@@ -70,61 +81,70 @@ def _annotation(manifest: dict[str, Any], key: str) -> str:
 
 
 class OCIReleaseStore:
+    """The release store over one repository. Its HTTP is the transfer client's (one registry
+    client, not two): `SafeSession` checks and pins every hop, `Authenticator` answers Bearer
+    and Basic challenges with the user's `ferry login` credentials or key, and a token goes
+    only to the registry's own origin, upload `Location`s included. The store's methods are
+    synchronous (the publish job runs them on threads), so the async client runs on a private
+    event loop thread."""
+
     def __init__(self, host: str, repo: str, insecure: bool = False, settle: float = 1.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 home: Path | None = None, ca_file: str = "",
+                 resolver: Resolver | None = None) -> None:
         self.host, self.repo, self.settle = host, repo, settle
         self.description = f"oci://{host}/{repo}"
-        self.base = f"{'http' if insecure else 'https'}://{host}/v2/{repo}"
-        self.client = httpx.Client(timeout=httpx.Timeout(60, connect=10), transport=transport,
-                                   follow_redirects=False)
-        self._token: str | None = None
+        scheme = "http" if insecure else "https"
+        self.base = f"{scheme}://{host}/v2/{repo}"
+        registry = httpx.URL(f"{scheme}://{host}")
+        home = home or Path.home() / ".ferry"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="ferry-release-oci")
+        self._thread.start()
+        policy = RedirectPolicy(registry, insecure, resolver or DnsResolver())
+        self.session = SafeSession(policy, build_ssl_context(ca_file), stall_timeout=60.0)
+        self.auth = Authenticator(self.session, home / "credentials.json", home / "id_ed25519")
         self._manifest_lock = threading.Lock()
         self._config_pushed = False
 
     # -- HTTP ---------------------------------------------------------------------------------
 
-    def _call(self, method: str, url: str, ok: tuple[int, ...], **kwargs: Any) -> httpx.Response:
-        """One request (plus one anonymous Bearer token round on a 401), classified errors."""
+    def _call(self, method: str, url: str, ok: tuple[int, ...], *,
+              headers: dict[str, str] | None = None, content: Any = None) -> _Answer:
+        """One request (one 401 answered with a token), its body read; classified errors."""
+        future = asyncio.run_coroutine_threadsafe(
+            self._request(method, url, headers, content), self._loop)
         try:
-            response = self._send(method, url, **kwargs)
-            if response.status_code == 401 and self._authenticate(response):
-                response = self._send(method, url, **kwargs)
-        except httpx.TransportError as exc:
-            raise StoreError(f"{method} {url}: {exc!r}", transient=True) from exc
-        if response.status_code not in ok:
-            raise StoreError(f"{method} {url}: {response.status_code} {response.text[:200]}",
-                             transient=transient_status(response.status_code),
-                             status=response.status_code)
-        return response
+            answer = future.result()
+        except (httpx.TransportError, TransientStatus) as exc:
+            raise StoreError(f"{method} {shown(httpx.URL(url))}: {exc!r}", transient=True
+                             ) from exc
+        except (FerryError, httpx.HTTPError) as exc:
+            raise StoreError(f"{method} {shown(httpx.URL(url))}: {exc}", transient=False) from exc
+        if answer.status not in ok:
+            raise StoreError(f"{method} {shown(httpx.URL(url))}: {answer.status} "
+                             f"{answer.text[:200]}",
+                             transient=transient_status(answer.status), status=answer.status)
+        return answer
 
-    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        headers = dict(kwargs.pop("headers", {}))
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        return self.client.request(method, url, headers=headers, **kwargs)
-
-    def _authenticate(self, response: httpx.Response) -> bool:
-        """Fetch an anonymous token from a Bearer realm on the registry's own host."""
-        header = response.headers.get("www-authenticate", "")
-        if not header.lower().startswith("bearer "):
-            return False
-        params = dict(part.split("=", 1) for part in header[7:].replace('"', "").split(","))
-        realm = httpx.URL(params.pop("realm", ""))
-        if realm.host != httpx.URL(self.base).host:
-            return False  # never ask a third party for tokens on this registry's behalf
-        answer = self.client.get(realm, params=params)
-        if answer.status_code != 200:
-            return False
-        body = answer.json()
-        self._token = body.get("token") or body.get("access_token")
-        return bool(self._token)
+    async def _request(self, method: str, url: str, headers: dict[str, str] | None,
+                       content: Any) -> _Answer:
+        body = _async_body(content) if content is not None and not isinstance(
+            content, bytes) else content
+        reply = await send_authorized(self.session, self.auth, method, url, headers=headers,
+                                      content=body)
+        try:
+            data = await reply.response.aread()
+        finally:
+            await reply.aclose()
+        return _Answer(reply.status, reply.response.headers, data, reply.url)
 
     # -- manifests ----------------------------------------------------------------------------
 
     def _get_manifest(self, tag: str) -> dict[str, Any] | None:
         response = self._call("GET", f"{self.base}/manifests/{tag}", ok=(200, 404),
                               headers={"Accept": mt.OCI_MANIFEST})
-        return None if response.status_code == 404 else dict(response.json())
+        return None if response.status == 404 else dict(response.json())
 
     def _put_manifest(self, tag: str, manifest: dict[str, Any]) -> None:
         self._ensure_config()
@@ -217,15 +237,42 @@ class OCIReleaseStore:
 
     def _push_blob(self, digest: str, size: int, content: Any, progress: Progress) -> None:
         """POST a session, then PUT the whole blob with its digest (skipped if present)."""
-        if self._call("HEAD", f"{self.base}/blobs/{digest}", ok=(200, 404)).status_code == 200:
+        if self._call("HEAD", f"{self.base}/blobs/{digest}", ok=(200, 404)).status == 200:
             progress(size)
             return
         started = self._call("POST", f"{self.base}/blobs/uploads/", ok=(202,))
-        location = httpx.URL(self.base).join(started.headers["location"])
+        location = started.url.join(started.headers.get("location", ""))
         self._call("PUT", str(location.copy_merge_params({"digest": digest})), ok=(201,),
                    content=content, headers={"Content-Type": "application/octet-stream",
                                              "Content-Length": str(size)})
 
     def close(self) -> None:
-        self.client.close()
+        asyncio.run_coroutine_threadsafe(self.session.aclose(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    headers: httpx.Headers
+    content: bytes
+    url: httpx.URL
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return bounded_json.loads(self.content)
+
+
+def _async_body(chunks: Iterable[bytes]) -> Callable[[], AsyncIterator[bytes]]:
+    """A sync iterable of chunks as the session's streamed body (read once: no 401 replay;
+    the publish job retries the whole upload instead)."""
+    async def stream() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+    return stream
 

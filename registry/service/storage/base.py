@@ -7,9 +7,23 @@ the one conformance suite in `tests/registry/service/test_storage.py`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+# Marks a key being written (`<key>~tmp-<id>`). No repository, tag or digest can contain `~`
+# (names.parse_repository, the tag grammar, sha256 hex), so it never hides a legal name.
+STAGING_MARKER = "~tmp-"
+# What ferry staged before the marker changed: `<leaf>.tmp-<hex>`, where the leaf is one the
+# layout writes (a digest or a fixed file name), never a user's repository or tag name.
+_LEGACY_STAGING = re.compile(
+    r"(?:[0-9a-f]{64}|current|history|session|data)\.tmp-[0-9a-f]{12}(?:[0-9a-f]{20})?")
+
+
+def is_staged_leaf(name: str) -> bool:
+    """Whether the last component of a key names a staged object (current or legacy form)."""
+    return STAGING_MARKER in name or _LEGACY_STAGING.fullmatch(name) is not None
 
 
 class KeyNotFound(Exception):
@@ -75,7 +89,7 @@ class BlobStore(Protocol):
         """Names of the direct children under `prefix`, sorted; [] when there are none."""
 
     async def staged(self) -> Sequence[tuple[str, Stat]]:
-        """Every `<key>.tmp-<id>` in the store (a write in progress, or one a crash left behind),
+        """Every `<key>~tmp-<id>` in the store (a write in progress, or one a crash left behind),
         with its Stat, so gc can sweep the old ones; `list` never shows them."""
 
     def redirect_url(self, key: str) -> str | None:

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from registry.service.storage.base import KeyNotFound, Stat
+from registry.service.storage.base import STAGING_MARKER, KeyNotFound, Stat, is_staged_leaf
 
 PIECE = 1024 * 1024  # bytes per read or write handed to a worker thread
 INLINE_READ = 256 * 1024  # objects up to this size are read on the loop in one call
@@ -116,7 +116,7 @@ class FilesystemStore:
 
     async def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+        tmp = f"{path}{STAGING_MARKER}{uuid.uuid4().hex[:12]}"
         try:
             fh = open(tmp, "wb")  # noqa: SIM115 - closed below, retried after makedirs
         except FileNotFoundError:
@@ -174,7 +174,7 @@ class FilesystemStore:
             names = os.listdir(self._path(prefix) if prefix else self.root)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(n for n in names if ".tmp-" not in n)
+        return sorted(n for n in names if STAGING_MARKER not in n)
 
     async def staged(self) -> Sequence[tuple[str, Stat]]:
         return await self._offload(_staged_files, str(self.root))
@@ -187,7 +187,7 @@ def _staged_files(root: str) -> list[tuple[str, Stat]]:
     found = []
     for directory, _, names in os.walk(root):
         for name in names:
-            if ".tmp-" in name:
+            if is_staged_leaf(name):
                 path = os.path.join(directory, name)
                 with contextlib.suppress(FileNotFoundError):  # published meanwhile
                     st = os.stat(path)

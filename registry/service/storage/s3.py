@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
-from registry.service.storage.base import KeyNotFound, Stat
+from registry.service.storage.base import STAGING_MARKER, KeyNotFound, Stat, is_staged_leaf
 
 PART = 8 * 1024 * 1024  # multipart part size for appends and commits (S3 minimum is 5 MiB)
 PIECE = 1024 * 1024
@@ -276,17 +276,17 @@ class S3Store:
             if not page.get("IsTruncated"):
                 break
             token = page["NextContinuationToken"]
-        return sorted({n.removesuffix(SEGMENTS) for n in names if n and ".tmp-" not in n})
+        return sorted({n.removesuffix(SEGMENTS) for n in names if n and STAGING_MARKER not in n})
 
     async def staged(self) -> Sequence[tuple[str, Stat]]:
-        """A staged key may be a plain object or segments (`<key>.tmp-<id>.seg/...`): segments
+        """A staged key may be a plain object or segments (`<key>~tmp-<id>.seg/...`): segments
         are summed into one entry, with the newest segment's time."""
         found: dict[str, Stat] = {}
         for obj in await self._objects(self.prefix):
             key = obj["Key"][len(self.prefix):]
             if SEGMENTS + "/" in key:
                 key = key.rsplit(SEGMENTS + "/", 1)[0]
-            if ".tmp-" not in key.rsplit("/", 1)[-1]:
+            if not is_staged_leaf(key.rsplit("/", 1)[-1]):
                 continue
             seen = found.get(key, Stat(0, 0.0))
             found[key] = Stat(seen.size + obj["Size"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -13,8 +14,8 @@ import pytest
 from ferry.cli import main
 from registry import media_types as mt
 from registry.digests import Digest
-from registry.service import paths
-from registry.service.gc import collect_garbage
+from registry.service import blobs, paths
+from registry.service.gc import MIN_GRACE, GraceTooShort, collect_garbage
 from registry.service.storage import FilesystemStore
 
 from .conftest import push_blob, push_image, sha
@@ -27,6 +28,12 @@ def age(root: Path, *keys: str, seconds: float = 7200) -> None:
     then = time.time() - seconds
     for key in keys:
         os.utime(root / key, (then, then))
+
+
+def age_everything(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            age(root, str(path.relative_to(root)))
 
 
 def blob_key(digest: str) -> str:
@@ -83,7 +90,7 @@ async def test_gc_keeps_index_children_and_subjects(
             age(registry_root, str(path.relative_to(registry_root)))
     for path in (registry_root / "repositories").rglob("_layers/sha256/*"):
         age(registry_root, str(path.relative_to(registry_root)))
-    report = await collect_garbage(FilesystemStore(registry_root), grace=60)
+    report = await collect_garbage(FilesystemStore(registry_root), grace=3600)
     assert report.swept == []
     assert {child, sha(index)} <= {str(d) for d in report.marked}
     assert (await client.get(f"/v2/{REPO}/manifests/{child}")).content == child_raw
@@ -131,8 +138,8 @@ async def test_a_manifest_push_refreshes_old_links_so_gc_spares_its_blobs(
 def test_gc_command_removes_old_staging_leftovers_and_keeps_young_ones(
     registry_root: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    crashed = [blob_key(sha(b"half")) + ".tmp-dead", paths.tag_current(REPO, "v1") + ".tmp-0a"]
-    young = blob_key(sha(b"busy")) + ".tmp-live"
+    crashed = [blob_key(sha(b"half")) + "~tmp-dead", paths.tag_current(REPO, "v1") + "~tmp-0a"]
+    young = blob_key(sha(b"busy")) + "~tmp-live"
     for key in (*crashed, young):
         (registry_root / key).parent.mkdir(parents=True, exist_ok=True)
         (registry_root / key).write_bytes(b"partial")
@@ -145,3 +152,67 @@ def test_gc_command_removes_old_staging_leftovers_and_keeps_young_ones(
     assert "2 staging leftovers" in out
     assert not any((registry_root / key).exists() for key in crashed)
     assert (registry_root / young).exists()  # may be a write in progress
+
+
+@pytest.mark.parametrize("repo, tag", [("team/model.tmp-1", "v1"), (REPO, "v1.tmp-2"),
+                                       ("a.tmp-b/c--d.tmp-e", "_.tmp-x"), ("x/tmp-0", "tmp-"),
+                                       ("m.tmp-0", "A" * 120 + ".tmp-12")])
+async def test_names_with_tmp_in_them_survive_gc(
+    client: httpx.AsyncClient, registry_root: Path, repo: str, tag: str,
+) -> None:
+    raw, _ = await push_image(client, repo, tag, seed=repo + tag)
+    age_everything(registry_root)
+    report = await collect_garbage(FilesystemStore(registry_root), grace=3600)
+    assert report.swept == []
+    assert (await client.get("/v2/_catalog")).json()["repositories"].count(repo) == 1
+    assert tag in (await client.get(f"/v2/{repo}/tags/list")).json()["tags"]
+    r = await client.get(f"/v2/{repo}/manifests/{tag}")
+    assert r.status_code == 200 and r.content == raw
+
+
+def test_a_grace_below_the_fresh_link_floor_is_refused(
+    registry_root: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(GraceTooShort):
+        asyncio.run(collect_garbage(FilesystemStore(registry_root), grace=300))
+    assert main(["registry", "gc", "--root", str(registry_root), "--grace", "300"]) == 1
+    assert "below the safe minimum of 1200 seconds" in capsys.readouterr().err
+    assert MIN_GRACE > blobs.FRESH_LINK
+
+
+class PushDuringMark:
+    """A store that lets a manifest push land right after gc's first mark pass."""
+
+    def __init__(self, store: FilesystemStore, push) -> None:  # type: ignore[no-untyped-def]
+        self.store, self.push = store, push
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.store, name)
+
+    async def list(self, prefix: str) -> list[str]:
+        if prefix == paths.BLOBS and self.push is not None:
+            push, self.push = self.push, None
+            await push()
+        return await self.store.list(prefix)
+
+
+async def test_a_manifest_stored_while_gc_marks_keeps_its_blobs(
+    client: httpx.AsyncClient, registry_root: Path,
+) -> None:
+    config = await push_blob(client, REPO, b'{"late": true}')
+    body = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,
+                       "config": {"mediaType": mt.OCI_CONFIG, "digest": config, "size": 14},
+                       "layers": []}).encode()
+
+    async def push() -> None:
+        r = await client.put(f"/v2/{REPO}/manifests/late", content=body,
+                             headers={"Content-Type": mt.OCI_MANIFEST})
+        assert r.status_code == 201
+
+    store = PushDuringMark(FilesystemStore(registry_root), push)
+    # `now` far ahead: every blob looks old, so only the mark can save the late manifest's
+    report = await collect_garbage(store, now=time.time() + 10 * 3600)  # type: ignore[arg-type]
+    assert Digest.parse(config) in report.marked and report.swept == []
+    r = await client.get(f"/v2/{REPO}/manifests/late")
+    assert r.status_code == 200
+    assert (await client.head(f"/v2/{REPO}/blobs/{config}")).status_code == 200

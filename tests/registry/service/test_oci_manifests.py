@@ -85,8 +85,11 @@ async def test_invalid_manifests_and_references_are_400(client: httpx.AsyncClien
     r = await client.put(f"/v2/{REPO}/manifests/x", content=b"{not json",
                          headers={"Content-Type": mt.OCI_MANIFEST})
     assert r.status_code == 400 and r.json()["errors"][0]["code"] == "MANIFEST_INVALID"
-    r = await client.get(f"/v2/{REPO}/manifests/sha256:1234")
+    r = await client.put(f"/v2/{REPO}/manifests/sha256:1234", content=b"{}",
+                         headers={"Content-Type": mt.OCI_MANIFEST})
     assert r.status_code == 400 and r.json()["errors"][0]["code"] == "DIGEST_INVALID"
+    r = await client.get(f"/v2/{REPO}/manifests/sha256:1234")  # nothing can exist there: 404
+    assert r.status_code == 404 and r.json()["errors"][0]["code"] == "MANIFEST_UNKNOWN"
     r = await client.get("/v2/UPPER/case/manifests/latest")
     assert r.status_code == 400 and r.json()["errors"][0]["code"] == "NAME_INVALID"
     r = await client.get(f"/v2/{REPO}/manifests/nope")

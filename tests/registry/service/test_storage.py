@@ -196,12 +196,36 @@ def test_filesystem_put_if_is_serialized_across_processes(tmp_path: Path) -> Non
 
 async def test_staged_lists_tmp_keys_that_list_hides(store: BlobStore) -> None:
     await store.put("a/published", b"x")
-    await store.append("a/blob.tmp-one", chunks(b"abc"))
-    await store.append("a/blob.tmp-one", chunks(b"de"))  # two segments on S3: one entry
-    await store.append("deep/er/key.tmp-two", chunks(b"z"))
+    await store.append("a/blob~tmp-one", chunks(b"abc"))
+    await store.append("a/blob~tmp-one", chunks(b"de"))  # two segments on S3: one entry
+    await store.append("deep/er/key~tmp-two", chunks(b"z"))
     staged = dict(await store.staged())
-    assert sorted(staged) == ["a/blob.tmp-one", "deep/er/key.tmp-two"]
-    assert staged["a/blob.tmp-one"].size == 5 and staged["a/blob.tmp-one"].mtime > 0
+    assert sorted(staged) == ["a/blob~tmp-one", "deep/er/key~tmp-two"]
+    assert staged["a/blob~tmp-one"].size == 5 and staged["a/blob~tmp-one"].mtime > 0
     assert await store.list("a") == ["published"]
-    await store.delete("a/blob.tmp-one")
-    assert [key for key, _ in await store.staged()] == ["deep/er/key.tmp-two"]
+    await store.delete("a/blob~tmp-one")
+    assert [key for key, _ in await store.staged()] == ["deep/er/key~tmp-two"]
+
+
+async def test_legal_names_that_look_like_staging_are_listed_and_never_staged(
+    store: BlobStore,
+) -> None:
+    """`model.tmp-1` is a legal repository component and `v1.tmp-2` a legal tag: hiding them
+    made gc's mark phase miss them and delete live manifests."""
+    await store.put("repositories/team/model.tmp-1/_manifests/tags/v1.tmp-2/current", b"d")
+    await store.put("repositories/team/model.tmp-1/_layers/sha256/a.tmp-3", b"")
+    assert await store.list("repositories/team") == ["model.tmp-1"]
+    assert await store.list("repositories/team/model.tmp-1/_manifests/tags") == ["v1.tmp-2"]
+    assert await store.list("repositories/team/model.tmp-1/_layers/sha256") == ["a.tmp-3"]
+    assert list(await store.staged()) == []
+
+
+async def test_staged_also_finds_leftovers_of_the_old_tmp_marker(store: BlobStore) -> None:
+    """Keys staged before the marker became `~tmp-` are still swept; only leaves the layout
+    itself writes can match, so `.tmp-` inside a repository or tag name never does."""
+    old = ["blobs/sha256/ab/" + "a" * 64 + ".tmp-0123456789ab",
+           "repositories/r/_manifests/tags/v1/current.tmp-" + "f" * 32]
+    for key in old:
+        await store.put(key, b"x")
+    await store.put("repositories/r.tmp-0123456789ab/_manifests/tags/t.tmp-1/current", b"d")
+    assert sorted(key for key, _ in await store.staged()) == sorted(old)
