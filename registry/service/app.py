@@ -16,6 +16,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from registry.errors import FerryError
 from registry.service import oci
 from registry.service.errors import RegistryError, handle_error
+from registry.service.proxy.config import ProxyConfig
+from registry.service.proxy.routes import Proxy, proxy_routes
 from registry.service.registry import (
     DEFAULT_MAX_MANIFEST_BYTES,
     DEFAULT_UPLOAD_SESSION_TTL,
@@ -72,13 +74,16 @@ def build_registry_app(
     max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
     upload_session_ttl: float = DEFAULT_UPLOAD_SESSION_TTL,
     max_blob_bytes: int = 0,
+    proxy: ProxyConfig | None = None,
 ) -> Starlette:
-    """The /v2 app over `store`, or over a FilesystemStore at `root`."""
+    """The /v2 app over `store`, or over a FilesystemStore at `root`; with `proxy`, a
+    pull-through cache of the upstreams it names (registry/service/proxy/)."""
     if store is None:
         if root is None:
             raise ValueError("build_registry_app needs a root directory or a store")
         store = FilesystemStore(root)
     registry = Registry.open(store, max_manifest_bytes, upload_session_ttl, max_blob_bytes)
+    cache = Proxy(registry, proxy) if proxy is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -91,18 +96,21 @@ def build_registry_app(
             purger.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await purger
+            if cache is not None:
+                await cache.aclose()
             close = getattr(store, "close", None)
             if close is not None:
                 close()
 
     app = Starlette(
-        routes=oci.routes,
+        routes=proxy_routes(oci.routes) if cache is not None else oci.routes,
         exception_handlers={RegistryError: handle_error, FerryError: handle_error,
                             ClientDisconnect: handle_error, Exception: handle_error},
         middleware=[],
         lifespan=lifespan,
     )
     app.state.registry = registry
+    app.state.proxy = cache
     app.add_middleware(APIVersionHeader)  # type: ignore[arg-type]
     return app
 

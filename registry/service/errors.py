@@ -53,6 +53,7 @@ ERROR_CODES: dict[str, tuple[str, int, str]] = {
     "DENIED": ("DENIED", 403, "requested access to the resource is denied"),
     "TOOMANYREQUESTS": ("TOOMANYREQUESTS", 429, "too many requests"),
     "UNKNOWN": ("UNKNOWN", 500, "unknown error"),
+    "UPSTREAM_FAILED": ("UNAVAILABLE", 502, "the upstream registry failed"),
 }
 
 

@@ -102,29 +102,37 @@ class RegistryClient:
                       headers: Mapping[str, str] | None = None, content: Body = None,
                       ok: tuple[int, ...] = (200,)) -> Reply:
         """Send with auth; return the (unread) reply if its status is in `ok`, else raise."""
-        for attempt in (1, 2):
-            stale = self.auth.header
-            try:
-                reply = await self.session.send(method, url, headers=headers, content=content,
-                                                 authorization=stale)
-            except httpx.ConnectError as exc:
-                if caused_by_tls(exc, "WRONG_VERSION_NUMBER"):
-                    raise TransferError(f"{httpx.URL(url).netloc.decode()} does not speak https; "
-                                        "pass --insecure for a plain-http private registry"
-                                        ) from exc
-                raise
-            if reply.status != 401:
-                break
-            challenge = reply.response.headers.get("www-authenticate", "")
-            await reply.aclose()
-            if attempt == 2 or not challenge or not self.session.policy.is_registry_origin(
-                    reply.url):
-                raise AuthFailed("unauthorized: access denied")
-            await self.auth.refresh(challenge, stale)
-        if reply.status in ok:
-            return reply
-        await raise_for_status(reply)
+        return await send_authorized(self.session, self.auth, method, url, headers=headers,
+                                     content=content, ok=ok)
+
+
+async def send_authorized(session: SafeSession, auth: Authenticator, method: str,
+                          url: httpx.URL | str, *, headers: Mapping[str, str] | None = None,
+                          content: Body = None, ok: tuple[int, ...] = (200,)) -> Reply:
+    """One request through `session`, answering one 401 with a fresh token from `auth`; the
+    registry service's pull-through cache sends its upstream requests this way too."""
+    for attempt in (1, 2):
+        stale = auth.header
+        try:
+            reply = await session.send(method, url, headers=headers, content=content,
+                                       authorization=stale)
+        except httpx.ConnectError as exc:
+            if caused_by_tls(exc, "WRONG_VERSION_NUMBER"):
+                raise TransferError(f"{httpx.URL(url).netloc.decode()} does not speak https; "
+                                    "pass --insecure for a plain-http private registry"
+                                    ) from exc
+            raise
+        if reply.status != 401:
+            break
+        challenge = reply.response.headers.get("www-authenticate", "")
+        await reply.aclose()
+        if attempt == 2 or not challenge or not session.policy.is_registry_origin(reply.url):
+            raise AuthFailed("unauthorized: access denied")
+        await auth.refresh(challenge, stale)
+    if reply.status in ok:
         return reply
+    await raise_for_status(reply)
+    return reply
 
 
 async def raise_for_status(reply: Reply) -> None:

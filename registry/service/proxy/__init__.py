@@ -1,0 +1,16 @@
+"""The pull-through cache: `ferry registry serve --proxy URL` mirrors an upstream registry.
+
+    config.py     which repositories mirror which upstream, TTL, size cap (ProxyConfig)
+    upstream.py   requests to one upstream, through the transfer client's SafeSession, auth
+                  and retry policy (the same redirect rules and address pinning as `ferry pull`)
+    keys.py       the proxy's own keys in the BlobStore (when a tag was checked, last use)
+    manifests.py  manifests: by tag with a TTL and stale-if-error, by digest verified
+    blob_fetch.py one upstream fetch per missing blob, verified while written, fanned out to
+                  every request that wants it
+    eviction.py   the size cap: least recently pulled models go first
+    routes.py     the /v2 routes in front of oci.py's: cache misses here, hits fall through
+
+The cache is ordinary registry storage: a manifest fetched upstream becomes a revision (and a tag)
+of the same repository, its blobs are linked into it, so `ferry registry gc` treats mirrored
+models like pushed ones.
+"""

@@ -1,0 +1,231 @@
+"""One upstream fetch per missing blob, shared by every request that wants it meanwhile.
+
+The fetch runs as its own task (a client that goes away does not stop it, so the cache still
+fills). Bytes go to a staged key while a hasher follows them; the blob is committed, and linked
+into the repositories that asked, only when its sha256 is the digest asked for. A body cut short
+is resumed with `Range` under the transfer client's retry policy; a lie (wrong bytes, too many)
+deletes the staged key, so nothing is stored and the next request asks upstream again.
+
+Requests are served while the bytes arrive: each subscribes to the byte range it wants and gets
+its pieces through a small queue (a slow client slows the fetch rather than filling memory). The
+blob's last piece is held back until the digest is verified, so no response for the whole blob
+completes unless the blob is good; on a lie the responses are cut off, and their clients' own
+checks fail. A request that arrives after its first byte went past waits for the commit and is
+then served from the cache like any hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from registry.digests import Digest, Hasher
+from registry.service import paths
+from registry.service.errors import RegistryError
+from registry.service.proxy.manifests import UPSTREAM_ERRORS, upstream_failed
+from registry.service.proxy.upstream import UpstreamClient
+from registry.service.registry import Registry
+from registry.transfer.errors import RegistryNotFound, TransferError
+from registry.transfer.retry import RetryPolicy, ShortRead
+from registry.transfer.session import Reply
+
+log = logging.getLogger("ferry.registry.proxy")
+QUEUE_PIECES = 16  # per subscriber; pieces are what one socket read returned (<= 256 KiB)
+_END = object()
+
+
+class Subscription:
+    """One request's share of a fetch: bytes [start, end] (end inclusive; None: to the end)."""
+
+    def __init__(self, fetch: BlobFetch, start: int, end: int | None) -> None:
+        self.fetch = fetch
+        self.start = start
+        self.end = end
+        self.queue: asyncio.Queue[object] = asyncio.Queue(maxsize=QUEUE_PIECES)
+        self.error: RegistryError | None = None
+        self.closed = False
+
+    async def next(self) -> bytes | None:
+        """The next piece, None at the end; raises the fetch's error when it failed."""
+        item = await self.queue.get()
+        if self.error is not None:
+            raise self.error
+        return None if item is _END else item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Leave: the fetch stops feeding this request (and is unblocked if it waited on it)."""
+        self.closed = True
+        self.fetch.subscribers.discard(self)
+        while not self.queue.empty():
+            self.queue.get_nowait()
+
+
+class BlobFetch:
+    def __init__(self, registry: Registry, client: UpstreamClient, repo: str, digest: Digest,
+                 retry: RetryPolicy) -> None:
+        self.registry = registry
+        self.client = client
+        self.digest = digest
+        self.retry = retry
+        self.repos = {repo}  # linked to the blob once it is committed
+        self.size: int | None = None  # from the upstream's Content-Length
+        self.received = 0  # bytes taken from upstream
+        self.sent = 0  # bytes passed to subscribers (all but the held-back last piece)
+        self.subscribers: set[Subscription] = set()
+        self.ready = asyncio.Event()  # the size is known, or the fetch failed
+        self.done = asyncio.Event()
+        self.error: RegistryError | None = None
+        self._held: bytes | None = None
+
+    def subscribe(self, start: int, end: int | None) -> Subscription | None:
+        """A live share from `start`, or None when those bytes already went by."""
+        if self.done.is_set() or start < self.sent:
+            return None
+        subscription = Subscription(self, start, end)
+        self.subscribers.add(subscription)
+        return subscription
+
+    async def run(self) -> None:
+        staged = paths.staging(paths.blob(self.digest), uuid.uuid4().hex)
+        hasher = Hasher()
+        try:
+            await self.retry.run(f"fetching {self.digest}",
+                                 lambda _n: self._attempt(staged, hasher))
+            self._verify(hasher)
+            await self.registry.store.commit(paths.blob(self.digest), staged)
+            for repo in sorted(self.repos):
+                await self.registry.blobs.link(repo, self.digest)
+            if self._held is not None:
+                await self._broadcast(self._held)
+            await self._finish()
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await self.registry.store.delete(staged)
+            self._fail(self._wire_error(exc))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.ready.set()
+            self.done.set()
+
+    def _wire_error(self, exc: BaseException) -> RegistryError:
+        if isinstance(exc, RegistryError):
+            return exc
+        if isinstance(exc, RegistryNotFound):
+            return RegistryError("BLOB_UNKNOWN", detail={"digest": str(self.digest)})
+        if isinstance(exc, UPSTREAM_ERRORS):
+            log.warning("fetching %s upstream failed: %s", self.digest, exc)
+            return upstream_failed(self.client, exc)
+        return RegistryError("UPSTREAM_FAILED", "the upstream fetch was interrupted")
+
+    def _verify(self, hasher: Hasher) -> None:
+        actual = hasher.digest()
+        if actual != self.digest or (self.size is not None and hasher.size != self.size):
+            raise RegistryError("UPSTREAM_FAILED", f"upstream {self.client.upstream.shown} sent "
+                                f"bytes whose digest is {actual}, not {self.digest}; "
+                                "nothing was stored")
+
+    async def _attempt(self, staged: str, hasher: Hasher) -> None:
+        reply = await self.client.open_blob(next(iter(self.repos)), self.digest, self.received)
+        try:
+            if self.received == 0:
+                self._take_size(reply)
+            await self.registry.store.append(staged, self._body(reply), observe=hasher.update)
+        finally:
+            await reply.aclose()
+        if self.size is not None and self.received < self.size:
+            raise ShortRead(f"the upstream's body for {self.digest} ended "
+                            f"{self.size - self.received} bytes early")
+
+    def _take_size(self, reply: Reply) -> None:
+        length = reply.response.headers.get("content-length", "")
+        self.size = int(length) if length.isdigit() else None
+        limit = self.registry.uploads.max_blob_bytes
+        if limit and self.size is not None and self.size > limit:
+            raise RegistryError("BLOB_TOO_LARGE", f"blob exceeds the limit of {limit} bytes",
+                                detail={"limit": limit})
+        self.ready.set()
+
+    async def _body(self, reply: Reply) -> AsyncIterator[bytes]:
+        limit = self.registry.uploads.max_blob_bytes
+        async for chunk in reply.response.aiter_raw():
+            if not chunk:
+                continue
+            total = self.received + len(chunk)
+            if (self.size is not None and total > self.size) or (limit and total > limit):
+                raise TransferError(f"the upstream sent more bytes for {self.digest} than "
+                                    "it announced")
+            if self._held is not None:
+                await self._broadcast(self._held)
+            self._held = chunk
+            self.received = total
+            yield chunk
+
+    async def _broadcast(self, chunk: bytes) -> None:
+        begin, finish = self.sent, self.sent + len(chunk)
+        for sub in list(self.subscribers):
+            if sub.closed:
+                continue
+            low = max(begin, sub.start)
+            high = finish if sub.end is None else min(finish, sub.end + 1)
+            if low < high:
+                piece = chunk if (low, high) == (begin, finish) else chunk[low - begin:high - begin]
+                await sub.queue.put(piece)
+            if sub.end is not None and finish > sub.end and not sub.closed:
+                await sub.queue.put(_END)
+                self.subscribers.discard(sub)
+        self.sent = finish
+
+    async def _finish(self) -> None:
+        for sub in list(self.subscribers):
+            if not sub.closed:
+                await sub.queue.put(_END)
+        self.subscribers.clear()
+
+    def _fail(self, error: RegistryError) -> None:
+        self.error = error
+        for sub in list(self.subscribers):
+            sub.error = error
+            with contextlib.suppress(asyncio.QueueFull):
+                sub.queue.put_nowait(_END)
+        self.subscribers.clear()
+
+
+class BlobFetches:
+    """The fetches running now, one per digest."""
+
+    def __init__(self, registry: Registry, retry: RetryPolicy,
+                 on_stored: Callable[[], None] | None = None) -> None:
+        self.registry = registry
+        self.retry = retry
+        self.on_stored = on_stored
+        self._running: dict[Digest, BlobFetch] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, client: UpstreamClient, repo: str, digest: Digest) -> BlobFetch:
+        """The running fetch of `digest` (joined), or a new one."""
+        fetch = self._running.get(digest)
+        if fetch is not None and not fetch.done.is_set():
+            fetch.repos.add(repo)
+            return fetch
+        fetch = BlobFetch(self.registry, client, repo, digest, self.retry)
+        self._running[digest] = fetch
+        task = asyncio.create_task(fetch.run(), name=f"proxy-fetch-{digest.short}")
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._ended(t, fetch))
+        return fetch
+
+    def _ended(self, task: asyncio.Task[None], fetch: BlobFetch) -> None:
+        self._tasks.discard(task)
+        if self._running.get(fetch.digest) is fetch:
+            del self._running[fetch.digest]
+        if fetch.error is None and self.on_stored is not None:
+            self.on_stored()
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
