@@ -18,6 +18,7 @@ from registry.errors import InvalidManifest, TooLarge
 from registry.service.proxy.config import ProxyConfig, Upstream
 from registry.transfer.auth import Authenticator
 from registry.transfer.client import send_authorized
+from registry.transfer.errors import TransferError
 from registry.transfer.safe import DnsResolver, RedirectPolicy
 from registry.transfer.session import Reply, SafeSession, build_ssl_context
 
@@ -99,8 +100,12 @@ class UpstreamClient:
         headers = {"Accept-Encoding": "identity"}
         if offset:
             headers["Range"] = f"bytes={offset}-"
-        return await self.request("GET", repo, f"blobs/{digest}", headers,
-                                  ok=(206,) if offset else (200,))
+        reply = await self.request("GET", repo, f"blobs/{digest}", headers, ok=(200, 206))
+        if reply.status != (206 if offset else 200):
+            await reply.aclose()
+            raise TransferError(f"the upstream answered {reply.status} to a request for bytes "
+                                f"{offset}- of {digest}; it ignored or misread the Range")
+        return reply
 
     async def blob_size(self, repo: str, digest: Digest) -> int | None:
         reply = await self.request("HEAD", repo, f"blobs/{digest}")

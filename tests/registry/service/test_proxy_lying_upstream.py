@@ -1,0 +1,134 @@
+"""A lying upstream: wrong bytes, a wrong-digest manifest, a short body, a redirect to loopback.
+
+Each time nothing is cached (no blob, no manifest, no staged leftover), the client gets an error,
+the proxy keeps serving, and the next request asks upstream again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from registry import media_types as mt
+from registry.digests import Digest
+from registry.service.storage.filesystem import FilesystemStore
+from tests.registry.transfer.tls import tls_server
+
+from .proxy_fixtures import proxy_config, proxy_registry
+
+SMALL = b"small blob " * 100
+LARGE = bytes(range(256)) * 8 * 1024  # 2 MiB: streamed in many pieces before it is verified
+MANIFEST = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,
+                       "config": {"mediaType": mt.OCI_CONFIG, "digest": str(Digest.of(b"{}")),
+                                  "size": 2}, "layers": []}).encode()
+
+
+class LyingUpstream:
+    def __init__(self) -> None:
+        self.hits: Counter[str] = Counter()
+        self.base = ""
+        self.blobs = {"corrupt-small": SMALL, "corrupt-large": LARGE, "truncated": LARGE,
+                      "redirect": SMALL}
+        self.digests = {name: Digest.of(data) for name, data in self.blobs.items()}
+        self.digests["truncated"] = Digest.of(LARGE + b"t")  # a distinct digest, same size
+        self.digests["redirect"] = Digest.of(SMALL + b"r")
+        self.app = Starlette(routes=[
+            Route("/v2/", lambda r: JSONResponse({})),
+            Route("/v2/lie/model/manifests/{ref}", self.manifest, methods=["GET", "HEAD"]),
+            Route("/v2/lie/model/blobs/{digest}", self.blob, methods=["GET"]),
+        ])
+
+    async def manifest(self, request: Request) -> Response:
+        ref = request.path_params["ref"]
+        self.hits[f"manifest:{ref}"] += 1
+        headers = {"Content-Type": mt.OCI_MANIFEST}
+        if ref == "wrong-header":
+            headers["Docker-Content-Digest"] = str(Digest.of(b"something else"))
+        return Response(MANIFEST, headers=headers)  # by digest: never the digest asked for
+
+    async def blob(self, request: Request) -> Response:
+        digest = request.path_params["digest"]
+        name = next(n for n, d in self.digests.items() if str(d) == digest)
+        self.hits[name] += 1
+        data = self.blobs[name]
+        if name == "redirect":
+            return RedirectResponse(f"https://127.0.0.2:{request.url.port}/elsewhere", 307)
+        if name.startswith("corrupt"):
+            data = data[:-1] + bytes([data[-1] ^ 1])  # same size, one bit off, at the end
+        body = data[: len(data) // 2] if name == "truncated" else data
+
+        async def pieces() -> Iterator[bytes]:
+            for offset in range(0, len(body), 64 * 1024):
+                yield body[offset:offset + 64 * 1024]
+
+        return StreamingResponse(pieces(), headers={"Content-Length": str(len(data))})
+
+
+@pytest.fixture
+def lying(tmp_path: Path):
+    upstream = LyingUpstream()
+    with tls_server(upstream.app, "127.0.0.1", tmp_path) as (url, ca_file):
+        config = proxy_config(url, tmp_path / "ph", ca_file=ca_file)
+        with proxy_registry(tmp_path / "proxy", config) as (proxy, _app):
+            yield upstream, f"http://{proxy}", tmp_path / "proxy"
+
+
+def _nothing_cached(root: Path) -> None:
+    blobs = root / "blobs"
+    stored = [p for p in blobs.rglob("*") if p.is_file()] if blobs.exists() else []
+    assert stored == []
+    assert [p for p in root.rglob("*") if ".tmp-" in p.name] == []
+    assert not (root / "repositories" / "lie" / "model" / "_manifests").exists()
+
+
+async def _get_fails(http: httpx.AsyncClient, url: str) -> str:
+    """The request fails: a 502 with OCI's error JSON, or a body cut off before its end."""
+    try:
+        response = await http.get(url)
+    except httpx.RemoteProtocolError as exc:
+        return f"cut off: {exc}"
+    assert response.status_code == 502, response.text
+    error = response.json()["errors"][0]
+    assert error["code"] == "UNAVAILABLE"
+    assert "/tmp" not in error["message"]
+    return error["message"]
+
+
+@pytest.mark.parametrize("name", ["corrupt-small", "corrupt-large", "truncated", "redirect"])
+async def test_a_lying_blob_caches_nothing_and_the_next_request_asks_again(
+        lying, name: str) -> None:
+    upstream, proxy, root = lying
+    url = f"{proxy}/v2/lie/model/blobs/{upstream.digests[name]}"
+    async with httpx.AsyncClient(timeout=30) as http:
+        message = await _get_fails(http, url)
+        if name == "corrupt-small":
+            assert "digest" in message
+        if name == "redirect":
+            assert "loopback" in message
+        hits = upstream.hits[name]
+        await _get_fails(http, url)
+        assert upstream.hits[name] > hits  # nothing was cached: asked upstream again
+        assert (await http.get(f"{proxy}/v2/")).status_code == 200
+    _nothing_cached(root)
+    assert await FilesystemStore(root).staged() == []
+
+
+@pytest.mark.parametrize("reference", ["wrong-header", str(Digest.of(b"not the manifest"))])
+async def test_a_manifest_that_is_not_what_was_asked_for_caches_nothing(
+        lying, reference: str) -> None:
+    upstream, proxy, root = lying
+    async with httpx.AsyncClient(timeout=30) as http:
+        message = await _get_fails(http, f"{proxy}/v2/lie/model/manifests/{reference}")
+        assert "digest" in message.lower() or "Docker-Content-Digest" in message
+        await _get_fails(http, f"{proxy}/v2/lie/model/manifests/{reference}")
+    assert upstream.hits[f"manifest:{reference}"] >= 2
+    _nothing_cached(root)
