@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from ferry import __version__
 from ferry.config import Settings
 from registry.errors import FerryError
+from registry.service.proxy.config import ProxyConfig
 from registry.service.storage.base import BlobStore
 from registry.store import Store
 from server import chat_api, create_api, models_api, openai_api, transfer_api
@@ -64,7 +65,20 @@ def build_registry_app(settings: Settings) -> Starlette:
     return build(settings.registry_root, store=registry_store(settings),
                  max_manifest_bytes=settings.max_manifest_bytes,
                  upload_session_ttl=settings.upload_session_ttl,
-                 max_blob_bytes=settings.registry_max_blob_bytes)
+                 max_blob_bytes=settings.registry_max_blob_bytes,
+                 proxy=proxy_config(settings))
+
+
+def proxy_config(settings: Settings) -> ProxyConfig | None:
+    """The pull-through cache's configuration, or None when the registry mirrors nothing."""
+    from registry.service.proxy.config import ProxyConfig, parse_upstreams
+
+    if not settings.registry_proxy:
+        return None
+    return ProxyConfig(parse_upstreams(settings.registry_proxy),
+                       local=settings.registry_proxy_local, ttl=settings.registry_proxy_ttl,
+                       max_bytes=settings.registry_proxy_max_bytes, home=settings.home,
+                       ca_file=settings.ssl_cert_file)
 
 
 def registry_store(settings: Settings) -> BlobStore:

@@ -39,6 +39,8 @@ def transfer_options(request: Request, insecure: bool) -> TransferOptions:
         "noprune": settings.noprune,
         "max_manifest_bytes": settings.max_manifest_bytes,
         "ca_file": settings.ssl_cert_file,
+        "mirrors": settings.mirrors,
+        "mirrors_only": settings.mirrors_only,
     }
     return TransferOptions(**{**values, **overrides})
 

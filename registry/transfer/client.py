@@ -50,6 +50,8 @@ class TransferOptions:
     progress_interval: float = 0.06
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     resolver: Resolver | None = None
+    mirrors: tuple[tuple[str, str], ...] = ()  # (registry host, mirror URL), tried in order
+    mirrors_only: bool = False  # never fall back to the registry host itself (air-gapped)
 
     @property
     def credentials_path(self) -> Path:
