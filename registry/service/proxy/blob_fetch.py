@@ -95,12 +95,14 @@ class BlobFetch:
             await self.retry.run(f"fetching {self.digest}",
                                  lambda _n: self._attempt(staged, hasher))
             self._verify(hasher)
-            await self.registry.store.commit(paths.blob(self.digest), staged)
-            for repo in sorted(self.repos):
-                await self.registry.blobs.link(repo, self.digest)
+            # Verified: the clients may have their last bytes now; they need not wait for the
+            # fsync and rename that make the blob durable here.
             if self._held is not None:
                 await self._broadcast(self._held)
             await self._finish()
+            await self.registry.store.commit(paths.blob(self.digest), staged)
+            for repo in sorted(self.repos):
+                await self.registry.blobs.link(repo, self.digest)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 await self.registry.store.delete(staged)

@@ -1,0 +1,122 @@
+"""Benchmark: a pull through the mirror (`ferry registry serve --proxy`), cold and warm, beside a
+direct pull from the upstream, all in one run on loopback.
+
+    .venv/bin/python bench/mirror.py [--mib 512] [--rounds 1] [--workdir DIR]
+
+Two `ferry registry serve` processes: the upstream, holding a pushed model of one big random
+blob plus a config, and the proxy in front of it. Each round pulls the model with ferry's
+transfer client (the code behind `ferry pull`) into a fresh store three times: directly from the
+upstream, through a proxy with an empty cache (cold: fetched upstream while streamed to the
+client), and through that proxy again (warm: from its cache). Prints MB/s (10^6 bytes) and the
+ratios; targets: cold >= 0.8x direct, warm >= 1.0x direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.transfer import free_port, make_model  # noqa: E402
+from registry.names import Name  # noqa: E402
+from registry.store import Store  # noqa: E402
+from registry.transfer.client import TransferOptions  # noqa: E402
+from registry.transfer.pull import pull  # noqa: E402
+from registry.transfer.push import push  # noqa: E402
+
+MiB = 1024 * 1024
+
+
+@contextlib.contextmanager
+def registry_process(root: Path, *extra: str) -> Iterator[str]:
+    """`ferry registry serve` in its own process; yields host:port."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "ferry.cli", "registry", "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--root", str(root), *extra]
+    env = {**os.environ, "FERRY_HOME": str(root.parent / f"home-{root.name}")}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=1).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the registry did not start")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def timed_pull(name: str, store: Store, options: TransferOptions) -> float:
+    start = time.perf_counter()
+    asyncio.run(pull(name, store, options, lambda e: None))
+    return time.perf_counter() - start
+
+
+def run_round(work: Path, upstream: str, repo: str, raw: bytes, options: TransferOptions,
+              index: int) -> tuple[float, float, float]:
+    direct_store = Store(work / f"direct-{index}")
+    direct = timed_pull(f"{upstream}/{repo}", direct_store, options)
+    assert direct_store.read_manifest(Name.parse(f"{upstream}/{repo}")) == raw
+    shutil.rmtree(direct_store.root)
+    with registry_process(work / f"proxy-{index}", "--proxy", f"http://{upstream}") as proxy:
+        name = f"{proxy}/{repo}"
+        times = []
+        for phase in ("cold", "warm"):
+            store = Store(work / f"{phase}-{index}")
+            times.append(timed_pull(name, store, options))
+            assert store.read_manifest(Name.parse(name)) == raw
+            shutil.rmtree(store.root)
+    shutil.rmtree(work / f"proxy-{index}")
+    return direct, times[0], times[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=512, help="size of the model's big blob")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--workdir", type=Path, help="default: a temp dir, removed after")
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="ferry-bench-mirror-"))
+    try:
+        source = Store(work / "source")
+        options = TransferOptions(home=work / "home", insecure=True)
+        with registry_process(work / "upstream") as upstream:
+            repo = "bench/model:v1"
+            raw = make_model(source, f"{upstream}/{repo}", args.mib * MiB, 0)
+            asyncio.run(push(f"{upstream}/{repo}", source, options, lambda e: None))
+            size = args.mib * MiB / 1e6
+            print(f"{os.cpu_count()} CPUs; model {size:.0f} MB; MB/s per pull")
+            print(f"{'round':>5} {'direct':>9} {'cold':>9} {'warm':>9} {'cold/d':>7} "
+                  f"{'warm/d':>7}")
+            for index in range(args.rounds):
+                direct, cold, warm = run_round(work, upstream, repo, raw, options, index)
+                print(f"{index:>5} {size / direct:9.1f} {size / cold:9.1f} {size / warm:9.1f} "
+                      f"{direct / cold:7.2f} {direct / warm:7.2f}", flush=True)
+        print("targets: cold >= 0.80x direct, warm >= 1.00x direct")
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
