@@ -1,7 +1,7 @@
 """Benchmark: a pull through the mirror (`ferry registry serve --proxy`), cold and warm, beside a
 direct pull from the upstream, all in one run on loopback.
 
-    .venv/bin/python bench/mirror.py [--mib 512] [--rounds 1] [--workdir DIR]
+    .venv/bin/python bench/mirror.py [--mib 512] [--rounds 1] [--workdir DIR] [--proxy-dir DIR]
 
 Two `ferry registry serve` processes: the upstream, holding a pushed model of one big random
 blob plus a config, and the proxy in front of it. Each round pulls the model with ferry's
@@ -9,6 +9,11 @@ transfer client (the code behind `ferry pull`) into a fresh store three times: d
 upstream, through a proxy with an empty cache (cold: fetched upstream while streamed to the
 client), and through that proxy again (warm: from its cache). Prints MB/s (10^6 bytes) and the
 ratios; targets: cold >= 0.8x direct, warm >= 1.0x direct.
+
+On one machine the cold pull writes every byte twice (the proxy's cache and the client's store)
+where the direct pull writes it once, so a disk-bound machine halves it; `--proxy-dir` puts the
+proxy's storage elsewhere (another disk, or /dev/shm) to measure the mirror as it runs in
+production, on its own machine.
 """
 
 from __future__ import annotations
@@ -72,13 +77,14 @@ def timed_pull(name: str, store: Store, options: TransferOptions) -> float:
     return time.perf_counter() - start
 
 
-def run_round(work: Path, upstream: str, repo: str, raw: bytes, options: TransferOptions,
-              index: int) -> tuple[float, float, float]:
+def run_round(work: Path, proxy_dir: Path, upstream: str, repo: str, raw: bytes,
+              options: TransferOptions, index: int) -> tuple[float, float, float]:
     direct_store = Store(work / f"direct-{index}")
     direct = timed_pull(f"{upstream}/{repo}", direct_store, options)
     assert direct_store.read_manifest(Name.parse(f"{upstream}/{repo}")) == raw
     shutil.rmtree(direct_store.root)
-    with registry_process(work / f"proxy-{index}", "--proxy", f"http://{upstream}") as proxy:
+    proxy_root = proxy_dir / f"proxy-{index}"
+    with registry_process(proxy_root, "--proxy", f"http://{upstream}") as proxy:
         name = f"{proxy}/{repo}"
         times = []
         for phase in ("cold", "warm"):
@@ -86,7 +92,7 @@ def run_round(work: Path, upstream: str, repo: str, raw: bytes, options: Transfe
             times.append(timed_pull(name, store, options))
             assert store.read_manifest(Name.parse(name)) == raw
             shutil.rmtree(store.root)
-    shutil.rmtree(work / f"proxy-{index}")
+    shutil.rmtree(proxy_root)
     return direct, times[0], times[1]
 
 
@@ -95,6 +101,8 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=512, help="size of the model's big blob")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--workdir", type=Path, help="default: a temp dir, removed after")
+    parser.add_argument("--proxy-dir", type=Path, help="where the proxy stores (default: "
+                        "the workdir, the same disk as the client)")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="ferry-bench-mirror-"))
     try:
@@ -109,7 +117,8 @@ def main() -> None:
             print(f"{'round':>5} {'direct':>9} {'cold':>9} {'warm':>9} {'cold/d':>7} "
                   f"{'warm/d':>7}")
             for index in range(args.rounds):
-                direct, cold, warm = run_round(work, upstream, repo, raw, options, index)
+                direct, cold, warm = run_round(work, args.proxy_dir or work, upstream, repo,
+                                               raw, options, index)
                 print(f"{index:>5} {size / direct:9.1f} {size / cold:9.1f} {size / warm:9.1f} "
                       f"{direct / cold:7.2f} {direct / warm:7.2f}", flush=True)
         print("targets: cold >= 0.80x direct, warm >= 1.00x direct")

@@ -7,11 +7,12 @@ is resumed with `Range` under the transfer client's retry policy; a lie (wrong b
 deletes the staged key, so nothing is stored and the next request asks upstream again.
 
 Requests are served while the bytes arrive: each subscribes to the byte range it wants and gets
-its pieces through a small queue (a slow client slows the fetch rather than filling memory). The
-blob's last piece is held back until the digest is verified, so no response for the whole blob
-completes unless the blob is good; on a lie the responses are cut off, and their clients' own
-checks fail. A request that arrives after its first byte went past waits for the commit and is
-then served from the cache like any hit.
+its pieces through a bounded queue (QUEUE_PIECES pieces, at most 32 MiB: a slow client slows
+the fetch rather than filling memory, a brief stall does not). The blob's last piece is held
+back until the digest is verified, so no response for the whole blob completes unless the blob
+is good; on a lie the responses are cut off, and their clients' own checks fail. A request that
+arrives after its first byte went past waits for the commit and is then served from the cache
+like any hit.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from registry.transfer.retry import RetryPolicy, ShortRead
 from registry.transfer.session import Reply
 
 log = logging.getLogger("ferry.registry.proxy")
-QUEUE_PIECES = 16  # per subscriber; pieces are what one socket read returned (<= 256 KiB)
+QUEUE_PIECES = 128  # per subscriber; pieces are what one socket read returned (<= 256 KiB)
 _END = object()
 
 

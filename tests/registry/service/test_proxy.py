@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 
 import httpx
@@ -43,14 +45,22 @@ async def test_four_clients_pull_through_the_proxy_and_upstream_serves_each_blob
                 assert blob_bytes(fresh, desc.digest) == blob_bytes(source, desc.digest)
 
 
+def _expire(root: Path, repo: str, tag: str) -> None:
+    """Make the tag's last upstream check older than any TTL used here (no sleeping)."""
+    checked = root / keys.checked(repo, tag)
+    when = time.time() - 3600
+    os.utime(checked, (when, when))
+
+
 async def test_a_tag_moved_upstream_shows_after_the_ttl_and_a_dead_upstream_serves_stale(
         tmp_path: Path) -> None:
     source = Store(tmp_path / "source")
+    root = tmp_path / "proxy"
     with upstream_registry(tmp_path / "upstream") as upstream:
         name = f"{upstream.host}/library/tiny:latest"
         first = await publish(source, name, [1000], tmp_path / "pub", seed=1)
-        config = proxy_config(f"http://{upstream.host}", tmp_path / "ph", ttl=1.0)
-        with proxy_registry(tmp_path / "proxy", config) as (proxy, _app):
+        config = proxy_config(f"http://{upstream.host}", tmp_path / "ph", ttl=600.0)
+        with proxy_registry(root, config) as (proxy, _app):
             url = f"http://{proxy}/v2/library/tiny/manifests/latest"
             async with httpx.AsyncClient(timeout=30) as http:
                 got = await http.get(url)
@@ -58,15 +68,19 @@ async def test_a_tag_moved_upstream_shows_after_the_ttl_and_a_dead_upstream_serv
                 second = await publish(source, name, [2000], tmp_path / "pub", seed=2)
                 got = await http.get(url)
                 assert (got.content, got.headers["x-ferry-cache"]) == (first, "hit")
-                await asyncio.sleep(1.1)
+                _expire(root, "library/tiny", "latest")
                 got = await http.get(url)
                 assert (got.content, got.headers["x-ferry-cache"]) == (second, "fetched")
-                await asyncio.sleep(1.1)
+                _expire(root, "library/tiny", "latest")
+                heads = upstream.log.count("HEAD", "/manifests/latest")
                 got = await http.get(url)
-                assert got.headers["x-ferry-cache"] == "revalidated"
+                assert (got.content, got.headers["x-ferry-cache"]) == (second, "revalidated")
+                assert upstream.log.count("HEAD", "/manifests/latest") == heads + 1
 
                 upstream.stop.close()
-                await asyncio.sleep(1.1)
+                got = await http.get(url)
+                assert got.headers["x-ferry-cache"] == "hit"  # fresh again: not asked
+                _expire(root, "library/tiny", "latest")
                 got = await http.get(url)
                 assert got.status_code == 200 and got.content == second
                 assert got.headers["x-ferry-cache"] == "stale"
