@@ -92,9 +92,16 @@ class BlobFetch:
     async def run(self) -> None:
         staged = paths.staging(paths.blob(self.digest), uuid.uuid4().hex)
         hasher = Hasher()
+        writes: asyncio.Queue[object] = asyncio.Queue(maxsize=QUEUE_PIECES)
+        # A task of its own: the disk write and hash of one piece overlap the reading and
+        # relaying of the next, instead of stalling both on every thread hop.
+        writer = asyncio.create_task(self.registry.store.append(
+            staged, _drain(writes), observe=hasher.update))
         try:
             await self.retry.run(f"fetching {self.digest}",
-                                 lambda _n: self._attempt(staged, hasher))
+                                 lambda _n: self._attempt(writes, writer))
+            await _put(writes, _END, writer)
+            await writer
             self._verify(hasher)
             # Verified: the clients may have their last bytes now; they need not wait for the
             # fsync and rename that make the blob durable here.
@@ -105,6 +112,8 @@ class BlobFetch:
             for repo in sorted(self.repos):
                 await self.registry.blobs.link(repo, self.digest)
         except BaseException as exc:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self.registry.store.delete(staged)
             self._fail(self._wire_error(exc))
@@ -131,12 +140,13 @@ class BlobFetch:
                                 f"bytes whose digest is {actual}, not {self.digest}; "
                                 "nothing was stored")
 
-    async def _attempt(self, staged: str, hasher: Hasher) -> None:
+    async def _attempt(self, writes: asyncio.Queue[object], writer: asyncio.Task[int]) -> None:
         reply = await self.client.open_blob(next(iter(self.repos)), self.digest, self.received)
         try:
             if self.received == 0:
                 self._take_size(reply)
-            await self.registry.store.append(staged, self._body(reply), observe=hasher.update)
+            async for chunk in self._body(reply):
+                await _put(writes, chunk, writer)
         finally:
             await reply.aclose()
         if self.size is not None and self.received < self.size:
@@ -195,6 +205,25 @@ class BlobFetch:
             with contextlib.suppress(asyncio.QueueFull):
                 sub.queue.put_nowait(_END)
         self.subscribers.clear()
+
+
+async def _drain(writes: asyncio.Queue[object]) -> AsyncIterator[bytes]:
+    while (item := await writes.get()) is not _END:
+        yield item  # type: ignore[misc]
+
+
+async def _put(writes: asyncio.Queue[object], item: object, writer: asyncio.Task[int]) -> None:
+    """Queue a piece for the writer; if the writer fails meanwhile, raise its error instead of
+    waiting forever on a full queue."""
+    if not writes.full() and not writer.done():
+        writes.put_nowait(item)
+        return
+    put = asyncio.ensure_future(writes.put(item))
+    await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
+    if not put.done():
+        put.cancel()
+        writer.result()  # the writer's own error
+        raise RuntimeError("the blob writer stopped before the blob ended")
 
 
 class BlobFetches:
