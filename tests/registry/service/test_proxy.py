@@ -119,3 +119,25 @@ async def test_the_tag_check_time_is_stored_beside_the_registry_tree(tmp_path: P
                 assert got.status_code == 200
     checked = tmp_path / "proxy" / keys.checked("library/tiny", "v1")
     assert checked.read_text() == got.headers["docker-content-digest"]
+
+
+async def test_a_client_that_leaves_mid_blob_does_not_stop_the_fetch(tmp_path: Path) -> None:
+    source = Store(tmp_path / "source")
+    with upstream_registry(tmp_path / "upstream") as upstream:
+        raw = await publish(source, f"{upstream.host}/library/big:latest", [8_000_000],
+                            tmp_path / "pub")
+        layer = parse_manifest(raw, None).layers[0].digest
+        config = proxy_config(f"http://{upstream.host}", tmp_path / "ph")
+        with proxy_registry(tmp_path / "proxy", config) as (proxy, _app):
+            url = f"http://{proxy}/v2/library/big/blobs/{layer}"
+            async with httpx.AsyncClient(timeout=30) as http:
+                async with http.stream("GET", url) as response:
+                    assert response.headers["x-ferry-cache"] == "fetched"
+                    async for _piece in response.aiter_raw():
+                        break  # the client goes away after its first bytes
+                got = await http.get(url)  # joins the fetch late, or finds it cached
+                assert got.status_code == 200
+                assert got.content == blob_bytes(source, layer)
+                again = await http.get(url)
+                assert again.headers["x-ferry-cache"] == "hit"
+    assert upstream.blob_gets(layer) == 1
