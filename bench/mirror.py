@@ -46,8 +46,8 @@ MiB = 1024 * 1024
 
 
 @contextlib.contextmanager
-def registry_process(root: Path, *extra: str) -> Iterator[str]:
-    """`ferry registry serve` in its own process; yields host:port."""
+def registry_process(root: Path, *extra: str) -> Iterator[tuple[str, int]]:
+    """`ferry registry serve` in its own process; yields (host:port, pid)."""
     port = free_port()
     cmd = [sys.executable, "-m", "ferry.cli", "registry", "serve", "--host", "127.0.0.1",
            "--port", str(port), "--root", str(root), *extra]
@@ -65,35 +65,44 @@ def registry_process(root: Path, *extra: str) -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the registry did not start")
             time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
-def timed_pull(name: str, store: Store, options: TransferOptions) -> float:
-    start = time.perf_counter()
+def timed_pull(name: str, store: Store, options: TransferOptions,
+               servers: list[int]) -> tuple[float, float]:
+    """Wall seconds, and CPU seconds of this process and the registries in `servers`."""
+    import psutil
+
+    def cpu() -> float:
+        own = sum(os.times()[:2])
+        return own + sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in servers)
+
+    start, cpu0 = time.perf_counter(), cpu()
     asyncio.run(pull(name, store, options, lambda e: None))
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu() - cpu0
 
 
-def run_round(work: Path, proxy_dir: Path, upstream: str, repo: str, raw: bytes,
-              options: TransferOptions, index: int) -> tuple[float, float, float]:
+def run_round(work: Path, proxy_dir: Path, upstream: tuple[str, int], repo: str, raw: bytes,
+              options: TransferOptions, index: int) -> list[tuple[float, float]]:
+    """(wall, cpu) of the direct, cold and warm pulls."""
+    host, upstream_pid = upstream
     direct_store = Store(work / f"direct-{index}")
-    direct = timed_pull(f"{upstream}/{repo}", direct_store, options)
-    assert direct_store.read_manifest(Name.parse(f"{upstream}/{repo}")) == raw
+    results = [timed_pull(f"{host}/{repo}", direct_store, options, [upstream_pid])]
+    assert direct_store.read_manifest(Name.parse(f"{host}/{repo}")) == raw
     shutil.rmtree(direct_store.root)
     proxy_root = proxy_dir / f"proxy-{index}"
-    with registry_process(proxy_root, "--proxy", f"http://{upstream}") as proxy:
+    with registry_process(proxy_root, "--proxy", f"http://{host}") as (proxy, proxy_pid):
         name = f"{proxy}/{repo}"
-        times = []
         for phase in ("cold", "warm"):
             store = Store(work / f"{phase}-{index}")
-            times.append(timed_pull(name, store, options))
+            results.append(timed_pull(name, store, options, [upstream_pid, proxy_pid]))
             assert store.read_manifest(Name.parse(name)) == raw
             shutil.rmtree(store.root)
     shutil.rmtree(proxy_root)
-    return direct, times[0], times[1]
+    return results
 
 
 def main() -> None:
@@ -110,17 +119,20 @@ def main() -> None:
         options = TransferOptions(home=work / "home", insecure=True)
         with registry_process(work / "upstream") as upstream:
             repo = "bench/model:v1"
-            raw = make_model(source, f"{upstream}/{repo}", args.mib * MiB, 0)
-            asyncio.run(push(f"{upstream}/{repo}", source, options, lambda e: None))
+            name = f"{upstream[0]}/{repo}"
+            raw = make_model(source, name, args.mib * MiB, 0)
+            asyncio.run(push(name, source, options, lambda e: None))
             size = args.mib * MiB / 1e6
-            print(f"{os.cpu_count()} CPUs; model {size:.0f} MB; MB/s per pull")
-            print(f"{'round':>5} {'direct':>9} {'cold':>9} {'warm':>9} {'cold/d':>7} "
+            print(f"{os.cpu_count()} CPUs; model {size:.0f} MB; MB/s per pull, and the CPU "
+                  "seconds client + registries spent on it")
+            print(f"{'round':>5} {'direct':>14} {'cold':>14} {'warm':>14} {'cold/d':>7} "
                   f"{'warm/d':>7}")
             for index in range(args.rounds):
-                direct, cold, warm = run_round(work, args.proxy_dir or work, upstream, repo,
-                                               raw, options, index)
-                print(f"{index:>5} {size / direct:9.1f} {size / cold:9.1f} {size / warm:9.1f} "
-                      f"{direct / cold:7.2f} {direct / warm:7.2f}", flush=True)
+                (direct, dcpu), (cold, ccpu), (warm, wcpu) = run_round(
+                    work, args.proxy_dir or work, upstream, repo, raw, options, index)
+                print(f"{index:>5} {size / direct:7.1f} {dcpu:5.1f}s {size / cold:7.1f} "
+                      f"{ccpu:5.1f}s {size / warm:7.1f} {wcpu:5.1f}s {direct / cold:7.2f} "
+                      f"{direct / warm:7.2f}", flush=True)
         print("targets: cold >= 0.80x direct, warm >= 1.00x direct")
     finally:
         if args.workdir is None:
