@@ -33,7 +33,9 @@ class Upstream:
 
     @property
     def insecure(self) -> bool:
-        """Writing `http://` is the operator's consent to plain http for this upstream."""
+        """Writing `http://` is the operator's consent to plain http for this upstream, and so
+        (as `--insecure` does for a pull) to its redirects reaching private addresses; an
+        https upstream gets the strict rules."""
         return self.base.scheme == "http"
 
     @property
