@@ -9,7 +9,7 @@ mirrored repository are refused with DENIED; local repositories go straight to o
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -65,7 +65,7 @@ class Proxy:
             await client.aclose()
 
 
-def proxy_routes(routes: list[BaseRoute]) -> list[BaseRoute]:
+def proxy_routes(routes: Sequence[BaseRoute]) -> list[BaseRoute]:
     """`routes` (oci.routes) with the catch-all /v2 route answered here first."""
     fallback = next(r for r in routes if isinstance(r, Route) and r.path == CATCH_ALL).endpoint
 
