@@ -10,6 +10,10 @@
     eviction.py   the size cap: least recently pulled models go first
     routes.py     the /v2 routes in front of oci.py's: cache misses here, hits fall through
 
+Responses say where they came from in `X-Ferry-Cache`: `hit`, `fetched` (upstream, now cached),
+`revalidated` (a tag the upstream confirmed) or `stale` (the upstream failed; then also
+`Warning: 110`). Tag listings and the catalog show what the cache holds.
+
 The cache is ordinary registry storage: a manifest fetched upstream becomes a revision (and a tag)
 of the same repository, its blobs are linked into it, so `ferry registry gc` treats mirrored
 models like pushed ones.
