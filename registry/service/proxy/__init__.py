@@ -7,6 +7,7 @@
     manifests.py  manifests: by tag with a TTL and stale-if-error, by digest verified
     blob_fetch.py one upstream fetch per missing blob, verified while written, fanned out to
                   every request that wants it
+    segments.py   that fetch as parallel Range requests, yielded in order
     eviction.py   the size cap: least recently pulled models go first
     routes.py     the /v2 routes in front of oci.py's: cache misses here, hits fall through
 

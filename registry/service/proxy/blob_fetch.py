@@ -2,9 +2,11 @@
 
 The fetch runs as its own task (a client that goes away does not stop it, so the cache still
 fills). Bytes go to a staged key while a hasher follows them; the blob is committed, and linked
-into the repositories that asked, only when its sha256 is the digest asked for. A body cut short
-is resumed with `Range` under the transfer client's retry policy; a lie (wrong bytes, too many)
-deletes the staged key, so nothing is stored and the next request asks upstream again.
+into the repositories that asked, only when its sha256 is the digest asked for. Where the
+upstream serves ranges the bytes come in parallel segments (segments.py), else as one stream; a
+body cut short is resumed with `Range` under the transfer client's retry policy; a lie (wrong
+bytes, too many) deletes the staged key, so nothing is stored and the next request asks upstream
+again.
 
 Requests are served while the bytes arrive: each subscribes to the byte range it wants and gets
 its pieces through a bounded queue (QUEUE_PIECES pieces, at most 32 MiB: a slow client slows
@@ -27,6 +29,7 @@ from registry.digests import Digest, Hasher
 from registry.service import paths
 from registry.service.errors import RegistryError
 from registry.service.proxy.manifests import UPSTREAM_ERRORS, upstream_failed
+from registry.service.proxy.segments import SegmentPlan, ordered_pieces, total_size
 from registry.service.proxy.upstream import UpstreamClient
 from registry.service.registry import Registry
 from registry.transfer.errors import RegistryNotFound, TransferError
@@ -71,6 +74,8 @@ class BlobFetch:
         self.client = client
         self.digest = digest
         self.retry = retry
+        self.segment = client.config.segment_bytes
+        self.window = client.config.segment_window
         self.repos = {repo}  # linked to the blob once it is committed
         self.size: int | None = None  # from the upstream's Content-Length
         self.received = 0  # bytes taken from upstream
@@ -98,8 +103,7 @@ class BlobFetch:
         writer = asyncio.create_task(self.registry.store.append(
             staged, _drain(writes), observe=hasher.update))
         try:
-            await self.retry.run(f"fetching {self.digest}",
-                                 lambda _n: self._attempt(writes, writer))
+            await self._download(writes, writer)
             await _put(writes, _END, writer)
             await writer
             self._verify(hasher)
@@ -140,42 +144,66 @@ class BlobFetch:
                                 f"bytes whose digest is {actual}, not {self.digest}; "
                                 "nothing was stored")
 
-    async def _attempt(self, writes: asyncio.Queue[object], writer: asyncio.Task[int]) -> None:
-        reply = await self.client.open_blob(next(iter(self.repos)), self.digest, self.received)
+    async def _download(self, writes: asyncio.Queue[object], writer: asyncio.Task[int]) -> None:
+        """In parallel segments when the upstream serves ranges, else as one resumed stream."""
+        repo = next(iter(self.repos))
+        first = await self.retry.run(f"fetching {self.digest}", lambda _n: (
+            self.client.open_blob_start(repo, self.digest, self.segment)))
+        size = total_size(first) if first.status == 206 else None
+        if size is None:
+            pending = [first] if first.status == 200 else []
+            if not pending:  # a range we cannot read: start over with one plain GET
+                await first.aclose()
+            await self.retry.run(f"fetching {self.digest}", lambda _n: self._attempt(
+                writes, writer, pending.pop() if pending else None))
+            return
+        self._set_size(size)
+        plan = SegmentPlan(self.client, repo, self.digest, size, self.segment, self.window,
+                           self.retry)
+        async for chunk in ordered_pieces(plan, first):
+            await self._take(chunk, writes, writer)
+
+    async def _attempt(self, writes: asyncio.Queue[object], writer: asyncio.Task[int],
+                       reply: Reply | None) -> None:
+        """One plain stream of the blob from what was received so far."""
+        if reply is None:
+            reply = await self.client.open_blob(next(iter(self.repos)), self.digest,
+                                                self.received)
         try:
             if self.received == 0:
-                self._take_size(reply)
-            async for chunk in self._body(reply):
-                await _put(writes, chunk, writer)
+                length = reply.response.headers.get("content-length", "")
+                self._set_size(int(length) if length.isdigit() else None)
+            async for chunk in reply.response.aiter_raw():
+                if chunk:
+                    await self._take(chunk, writes, writer)
         finally:
             await reply.aclose()
         if self.size is not None and self.received < self.size:
             raise ShortRead(f"the upstream's body for {self.digest} ended "
                             f"{self.size - self.received} bytes early")
 
-    def _take_size(self, reply: Reply) -> None:
-        length = reply.response.headers.get("content-length", "")
-        self.size = int(length) if length.isdigit() else None
+    def _set_size(self, size: int | None) -> None:
+        self.size = size
         limit = self.registry.uploads.max_blob_bytes
-        if limit and self.size is not None and self.size > limit:
+        if limit and size is not None and size > limit:
             raise RegistryError("BLOB_TOO_LARGE", f"blob exceeds the limit of {limit} bytes",
                                 detail={"limit": limit})
         self.ready.set()
 
-    async def _body(self, reply: Reply) -> AsyncIterator[bytes]:
+    async def _take(self, chunk: bytes, writes: asyncio.Queue[object],
+                    writer: asyncio.Task[int]) -> None:
+        """Pass on the previous piece and hold this one (the last is released once verified),
+        and queue it for the writer."""
         limit = self.registry.uploads.max_blob_bytes
-        async for chunk in reply.response.aiter_raw():
-            if not chunk:
-                continue
-            total = self.received + len(chunk)
-            if (self.size is not None and total > self.size) or (limit and total > limit):
-                raise TransferError(f"the upstream sent more bytes for {self.digest} than "
-                                    "it announced")
-            if self._held is not None:
-                await self._broadcast(self._held)
-            self._held = chunk
-            self.received = total
-            yield chunk
+        total = self.received + len(chunk)
+        if (self.size is not None and total > self.size) or (limit and total > limit):
+            raise TransferError(f"the upstream sent more bytes for {self.digest} than it "
+                                "announced")
+        if self._held is not None:
+            await self._broadcast(self._held)
+        self._held = chunk
+        self.received = total
+        await _put(writes, chunk, writer)
 
     async def _broadcast(self, chunk: bytes) -> None:
         begin, finish = self.sent, self.sent + len(chunk)

@@ -57,6 +57,8 @@ class ProxyConfig:
     stall_timeout: float = 30.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     resolver: Resolver | None = None
+    segment_bytes: int = 16 * 1024 * 1024  # a missing blob is fetched in Range requests of this
+    segment_window: int = 4  # size, this many at once (segments.py)
 
     def upstream_for(self, repo: str) -> Upstream | None:
         """The upstream that `repo` mirrors (the longest matching prefix), or None if local."""

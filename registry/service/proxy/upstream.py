@@ -18,7 +18,7 @@ from registry.errors import InvalidManifest, TooLarge
 from registry.service.proxy.config import ProxyConfig, Upstream
 from registry.transfer.auth import Authenticator
 from registry.transfer.client import send_authorized
-from registry.transfer.errors import TransferError
+from registry.transfer.errors import RegistryError, TransferError
 from registry.transfer.safe import DnsResolver, RedirectPolicy
 from registry.transfer.session import Reply, SafeSession, build_ssl_context
 
@@ -106,6 +106,21 @@ class UpstreamClient:
             raise TransferError(f"the upstream answered {reply.status} to a request for bytes "
                                 f"{offset}- of {digest}; it ignored or misread the Range")
         return reply
+
+    async def open_blob_range(self, repo: str, digest: Digest, first: int, last: int) -> Reply:
+        """GET bytes [first, last] of the blob: a 206, or a 200 from a registry without Range."""
+        headers = {"Accept-Encoding": "identity", "Range": f"bytes={first}-{last}"}
+        return await self.request("GET", repo, f"blobs/{digest}", headers, ok=(200, 206))
+
+    async def open_blob_start(self, repo: str, digest: Digest, segment: int) -> Reply:
+        """The first request for a blob: its first `segment` bytes (a 206 names its size), or
+        the whole blob (200) where ranges are not served; an empty blob has no range (416)."""
+        try:
+            return await self.open_blob_range(repo, digest, 0, segment - 1)
+        except RegistryError as exc:
+            if exc.status != 416:
+                raise
+        return await self.open_blob(repo, digest, 0)
 
     async def blob_size(self, repo: str, digest: Digest) -> int | None:
         reply = await self.request("HEAD", repo, f"blobs/{digest}")

@@ -35,9 +35,10 @@ MANIFEST = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_MANIFEST,
 class LyingUpstream:
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
+        self.ranges: list[str] = []
         self.base = ""
         self.blobs = {"corrupt-small": SMALL, "corrupt-large": LARGE, "truncated": LARGE,
-                      "redirect": SMALL}
+                      "redirect": SMALL, "honest": LARGE[::-1]}
         self.digests = {name: Digest.of(data) for name, data in self.blobs.items()}
         self.digests["truncated"] = Digest.of(LARGE + b"t")  # a distinct digest, same size
         self.digests["redirect"] = Digest.of(SMALL + b"r")
@@ -62,6 +63,8 @@ class LyingUpstream:
         data = self.blobs[name]
         if name == "redirect":
             return RedirectResponse(f"https://127.0.0.2:{request.url.port}/elsewhere", 307)
+        if name == "honest":  # a registry that ignores Range: the whole blob, always
+            self.ranges.append(request.headers.get("range", ""))
         if name.startswith("corrupt"):
             data = data[:-1] + bytes([data[-1] ^ 1])  # same size, one bit off, at the end
         body = data[: len(data) // 2] if name == "truncated" else data
@@ -132,3 +135,15 @@ async def test_a_manifest_that_is_not_what_was_asked_for_caches_nothing(
         await _get_fails(http, f"{proxy}/v2/lie/model/manifests/{reference}")
     assert upstream.hits[f"manifest:{reference}"] >= 2
     _nothing_cached(root)
+
+
+async def test_an_upstream_without_range_support_is_fetched_in_one_stream(lying) -> None:
+    upstream, proxy, root = lying
+    url = f"{proxy}/v2/lie/model/blobs/{upstream.digests['honest']}"
+    async with httpx.AsyncClient(timeout=30) as http:
+        got = await http.get(url)
+        assert got.status_code == 200 and got.content == LARGE[::-1]
+        again = await http.get(url)  # from the cache (or the fetch, if still committing)
+        assert again.status_code == 200 and again.content == LARGE[::-1]
+    assert upstream.hits["honest"] == 1 and upstream.ranges[0].startswith("bytes=0-")
+    assert (root / "blobs" / "sha256" / upstream.digests["honest"].hex[:2]).is_dir()
