@@ -38,7 +38,9 @@ class LyingUpstream:
         self.ranges: list[str] = []
         self.base = ""
         self.blobs = {"corrupt-small": SMALL, "corrupt-large": LARGE, "truncated": LARGE,
-                      "redirect": SMALL, "honest": LARGE[::-1]}
+                      "redirect": SMALL, "honest": LARGE[::-1], "ranged": LARGE[1:],
+                      "ranged-corrupt": LARGE[2:]}
+        self.cut_once = True  # the first request for bytes past 1 MiB of "ranged" ends early
         self.digests = {name: Digest.of(data) for name, data in self.blobs.items()}
         self.digests["truncated"] = Digest.of(LARGE + b"t")  # a distinct digest, same size
         self.digests["redirect"] = Digest.of(SMALL + b"r")
@@ -63,6 +65,8 @@ class LyingUpstream:
         data = self.blobs[name]
         if name == "redirect":
             return RedirectResponse(f"https://127.0.0.2:{request.url.port}/elsewhere", 307)
+        if name.startswith("ranged"):
+            return self.ranged(request, name, data)
         if name == "honest":  # a registry that ignores Range: the whole blob, always
             self.ranges.append(request.headers.get("range", ""))
         if name.startswith("corrupt"):
@@ -76,11 +80,32 @@ class LyingUpstream:
         return StreamingResponse(pieces(), headers={"Content-Length": str(len(data))})
 
 
+    def ranged(self, request: Request, name: str, data: bytes) -> Response:
+        """Serves ranges; cuts one segment short once, or flips one byte of its last one."""
+        self.ranges.append(request.headers.get("range", ""))
+        first, _, last = request.headers["range"].removeprefix("bytes=").partition("-")
+        start, end = int(first), min(int(last), len(data) - 1)
+        body = data[start:end + 1]
+        if name == "ranged-corrupt" and end == len(data) - 1:
+            body = body[:-1] + bytes([body[-1] ^ 1])
+        sent = body
+        if name == "ranged" and start >= 1024 * 1024 and self.cut_once:
+            self.cut_once, sent = False, body[: len(body) // 2]
+
+        async def pieces() -> Iterator[bytes]:
+            yield sent
+
+        headers = {"Content-Length": str(len(body)),
+                   "Content-Range": f"bytes {start}-{end}/{len(data)}"}
+        return StreamingResponse(pieces(), status_code=206, headers=headers)
+
+
 @pytest.fixture
 def lying(tmp_path: Path):
     upstream = LyingUpstream()
     with tls_server(upstream.app, "127.0.0.1", tmp_path) as (url, ca_file):
-        config = proxy_config(url, tmp_path / "ph", ca_file=ca_file)
+        config = proxy_config(url, tmp_path / "ph", ca_file=ca_file,
+                              segment_bytes=512 * 1024)
         with proxy_registry(tmp_path / "proxy", config) as (proxy, _app):
             yield upstream, f"http://{proxy}", tmp_path / "proxy"
 
@@ -147,3 +172,21 @@ async def test_an_upstream_without_range_support_is_fetched_in_one_stream(lying)
         assert again.status_code == 200 and again.content == LARGE[::-1]
     assert upstream.hits["honest"] == 1 and upstream.ranges[0].startswith("bytes=0-")
     assert (root / "blobs" / "sha256" / upstream.digests["honest"].hex[:2]).is_dir()
+
+
+async def test_a_segment_cut_short_is_refetched_alone_and_a_bad_one_stores_nothing(
+        lying) -> None:
+    upstream, proxy, root = lying
+    async with httpx.AsyncClient(timeout=30) as http:
+        got = await http.get(f"{proxy}/v2/lie/model/blobs/{upstream.digests['ranged']}")
+        assert got.status_code == 200 and got.content == LARGE[1:]
+        # four 512 KiB segments, one of them cut short once and resumed where it stopped
+        assert upstream.hits["ranged"] == 5
+        resumed = [r for r in upstream.ranges if r.startswith("bytes=") and
+                   int(r[6:].partition("-")[0]) % (512 * 1024)]
+        assert len(resumed) == 1
+        url = f"{proxy}/v2/lie/model/blobs/{upstream.digests['ranged-corrupt']}"
+        await _get_fails(http, url)
+    assert not any(p.name == upstream.digests["ranged-corrupt"].hex
+                   for p in (root / "blobs").rglob("*"))
+    assert await FilesystemStore(root).staged() == []
