@@ -38,6 +38,7 @@ from registry.transfer.session import Reply
 
 log = logging.getLogger("ferry.registry.proxy")
 QUEUE_PIECES = 128  # per subscriber; pieces are what one socket read returned (<= 256 KiB)
+SUBSCRIBER_STALL = 30.0  # seconds a request may leave its full queue unread
 _END = object()
 
 
@@ -214,17 +215,28 @@ class BlobFetch:
             high = finish if sub.end is None else min(finish, sub.end + 1)
             if low < high:
                 piece = chunk if (low, high) == (begin, finish) else chunk[low - begin:high - begin]
-                await sub.queue.put(piece)
+                await self._deliver(sub, piece)
             if sub.end is not None and finish > sub.end and not sub.closed:
-                await sub.queue.put(_END)
+                await self._deliver(sub, _END)
                 self.subscribers.discard(sub)
         self.sent = finish
 
     async def _finish(self) -> None:
         for sub in list(self.subscribers):
             if not sub.closed:
-                await sub.queue.put(_END)
+                await self._deliver(sub, _END)
         self.subscribers.clear()
+
+    async def _deliver(self, sub: Subscription, item: object) -> None:
+        """Queue `item` for one request; a request that reads nothing for SUBSCRIBER_STALL
+        seconds is dropped, so one stalled client cannot hold the fetch (and everyone else)."""
+        try:
+            await asyncio.wait_for(sub.queue.put(item), SUBSCRIBER_STALL)
+        except TimeoutError:
+            log.warning("dropping a request for %s that stopped reading", self.digest)
+            sub.error = RegistryError("UPSTREAM_FAILED", "the client stopped reading")
+            sub.close()
+            sub.queue.put_nowait(_END)  # if it ever reads again, it learns why it was dropped
 
     def _fail(self, error: RegistryError) -> None:
         self.error = error
