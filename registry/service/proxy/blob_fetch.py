@@ -86,10 +86,11 @@ class BlobFetch:
         self.done = asyncio.Event()
         self.error: RegistryError | None = None
         self._held: bytes | None = None
+        self._joinable = True  # False once the last piece went out
 
     def subscribe(self, start: int, end: int | None) -> Subscription | None:
         """A live share from `start`, or None when those bytes already went by."""
-        if self.done.is_set() or start < self.sent:
+        if not self._joinable or self.done.is_set() or start < self.sent:
             return None
         subscription = Subscription(self, start, end)
         self.subscribers.add(subscription)
@@ -208,6 +209,9 @@ class BlobFetch:
 
     async def _broadcast(self, chunk: bytes) -> None:
         begin, finish = self.sent, self.sent + len(chunk)
+        # Counted as sent before any delivery awaits: a request joining meanwhile is not in
+        # this round, so it may only start after this piece (or it would miss part of it).
+        self.sent = finish
         for sub in list(self.subscribers):
             if sub.closed:
                 continue
@@ -219,9 +223,9 @@ class BlobFetch:
             if sub.end is not None and finish > sub.end and not sub.closed:
                 await self._deliver(sub, _END)
                 self.subscribers.discard(sub)
-        self.sent = finish
 
     async def _finish(self) -> None:
+        self._joinable = False
         for sub in list(self.subscribers):
             if not sub.closed:
                 await self._deliver(sub, _END)
@@ -240,6 +244,7 @@ class BlobFetch:
 
     def _fail(self, error: RegistryError) -> None:
         self.error = error
+        self._joinable = False
         for sub in list(self.subscribers):
             sub.error = error
             with contextlib.suppress(asyncio.QueueFull):

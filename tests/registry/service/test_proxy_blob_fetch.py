@@ -48,3 +48,24 @@ async def test_a_request_that_stops_reading_is_dropped_and_the_others_go_on(
     with pytest.raises(RegistryError, match="stopped reading"):
         await stalled.next()
     assert fetch.subscribe(0, None) is None  # its bytes went by: a late request waits instead
+
+
+async def test_a_request_joining_while_a_piece_is_delivered_starts_after_that_piece(
+        tmp_path: Path) -> None:
+    fetch = _fetch(tmp_path)
+    slow = fetch.subscribe(0, None)
+    assert slow is not None
+    for _ in range(QUEUE_PIECES):
+        await fetch._broadcast(b"ab")  # fills the slow request's queue
+    offset = 2 * QUEUE_PIECES
+    delivering = asyncio.create_task(fetch._broadcast(b"cd"))  # waits on the slow request
+    await asyncio.sleep(0.01)
+    assert not delivering.done()
+    assert fetch.subscribe(offset, None) is None  # it would miss "cd": it must wait instead
+    after = fetch.subscribe(offset + 2, None)
+    assert after is not None
+    await slow.next()
+    await asyncio.wait_for(delivering, 5)
+    slow.close()
+    await fetch._broadcast(b"ef")
+    assert await after.next() == b"ef"
