@@ -15,6 +15,7 @@ from ferry import __version__
 from ferry.config import Settings
 from registry.errors import FerryError
 from registry.service.auth.limits import LimitSettings
+from registry.service.proxy.config import ProxyConfig
 from registry.service.storage.base import BlobStore
 from registry.store import Store
 from registry.transfer.client import TransferOptions
@@ -98,7 +99,8 @@ def build_registry_app(settings: Settings) -> Starlette:
                  max_manifest_bytes=settings.max_manifest_bytes,
                  upload_session_ttl=settings.upload_session_ttl,
                  max_blob_bytes=max_blob, auth=auth, limits=_registry_limits(settings, on),
-                 audit=AuditLog(audit_target) if audit_target else None)
+                 audit=AuditLog(audit_target) if audit_target else None,
+                 proxy=proxy_config(settings))
 
 
 def _registry_limits(settings: Settings, authenticated: bool) -> LimitSettings:
@@ -109,6 +111,18 @@ def _registry_limits(settings: Settings, authenticated: bool) -> LimitSettings:
         burst=settings.registry_rate_burst,
         max_uploads=uploads if uploads >= 0 else (DEFAULT_MAX_UPLOADS if authenticated else 0),
         upload_ttl=settings.upload_session_ttl)
+
+
+def proxy_config(settings: Settings) -> ProxyConfig | None:
+    """The pull-through cache's configuration, or None when the registry mirrors nothing."""
+    from registry.service.proxy.config import ProxyConfig, parse_upstreams
+
+    if not settings.registry_proxy:
+        return None
+    return ProxyConfig(parse_upstreams(settings.registry_proxy),
+                       local=settings.registry_proxy_local, ttl=settings.registry_proxy_ttl,
+                       max_bytes=settings.registry_proxy_max_bytes, home=settings.home,
+                       ca_file=settings.ssl_cert_file)
 
 
 def registry_store(settings: Settings) -> BlobStore:

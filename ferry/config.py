@@ -142,6 +142,14 @@ class Settings:
     origins: tuple[str, ...] = ()
     # model server on a non-loopback address: the Host names it answers (globs); empty: any
     allowed_hosts: tuple[str, ...] = ()
+    # registry service as a pull-through cache: `URL` or `prefix=URL` entries
+    registry_proxy: tuple[str, ...] = ()
+    registry_proxy_ttl: float = 300.0
+    registry_proxy_max_bytes: int = 0  # > 0: evict least recently pulled mirrored models above
+    registry_proxy_local: tuple[str, ...] = ()  # namespaces that stay local (pushes allowed)
+    # transfers: (registry host, mirror URL) pairs tried before the host; only those if set
+    mirrors: tuple[tuple[str, str], ...] = ()
+    mirrors_only: bool = False
 
     @property
     def base_url(self) -> str:
@@ -201,6 +209,12 @@ class Settings:
             prefix_cache_bytes=_int(env, "FERRY_PREFIX_CACHE_BYTES", 1 << 30),
             origins=_list(env, "FERRY_ORIGINS"),
             allowed_hosts=_list(env, "FERRY_ALLOWED_HOSTS"),
+            registry_proxy=_proxy_entries(env.get("FERRY_REGISTRY_PROXY", "")),
+            registry_proxy_ttl=_duration(env, "FERRY_REGISTRY_PROXY_TTL", 300.0),
+            registry_proxy_max_bytes=_int(env, "FERRY_REGISTRY_PROXY_MAX_BYTES", 0),
+            registry_proxy_local=_names(env.get("FERRY_REGISTRY_PROXY_LOCAL", "")),
+            mirrors=parse_mirrors(env.get("FERRY_MIRRORS", "")),
+            mirrors_only=_flag(env, "FERRY_MIRRORS_ONLY"),
         )
 
     def with_(self, **changes: object) -> Settings:
@@ -214,3 +228,40 @@ class Settings:
         env.update(FERRY_HOME=str(self.home), FERRY_MODELS=str(self.models_dir),
                    FERRY_COMPUTE=self.compute)
         return env
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(n.strip().strip("/") for n in raw.split(",") if n.strip().strip("/"))
+
+
+def _proxy_entries(raw: str) -> tuple[str, ...]:
+    """FERRY_REGISTRY_PROXY: `URL` or `prefix=URL,prefix=URL`, checked now, parsed by the app."""
+    from registry.errors import FerryError
+    from registry.service.proxy.config import parse_upstreams
+
+    entries = tuple(e.strip() for e in raw.split(",") if e.strip())
+    try:
+        parse_upstreams(entries)
+    except FerryError as exc:
+        raise ConfigError(f"FERRY_REGISTRY_PROXY: {exc}") from exc
+    return entries
+
+
+def parse_mirrors(raw: str) -> tuple[tuple[str, str], ...]:
+    """FERRY_MIRRORS: `host=URL,...`; a URL without a scheme means https. The same host may be
+    named twice (mirrors are tried in order)."""
+    found = []
+    for entry in (e.strip() for e in raw.split(",") if e.strip()):
+        host, sep, url = entry.partition("=")
+        host, url = host.strip().lower(), url.strip().rstrip("/")
+        if not sep or not host or not url or "/" in host:
+            raise ConfigError(f"FERRY_MIRRORS entries are host=URL, got {entry!r}")
+        if "://" not in url:
+            url = f"https://{url}"
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"FERRY_MIRRORS: {url!r} is not an http or https URL")
+        if parts.username or parts.password or parts.query or parts.path not in ("", "/"):
+            raise ConfigError(f"FERRY_MIRRORS: give a mirror as scheme://host[:port], got {url!r}")
+        found.append((host, url))
+    return tuple(found)

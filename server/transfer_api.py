@@ -43,6 +43,10 @@ class TransferSettings(Protocol):
     def max_manifest_bytes(self) -> int: ...
     @property
     def ssl_cert_file(self) -> str: ...
+    @property
+    def mirrors(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def mirrors_only(self) -> bool: ...
 
 
 def transfer_options(settings: TransferSettings) -> TransferOptions:
@@ -51,7 +55,8 @@ def transfer_options(settings: TransferSettings) -> TransferOptions:
     return TransferOptions(home=settings.home, max_streams=settings.max_transfer_streams,
                            noprune=settings.noprune,
                            max_manifest_bytes=settings.max_manifest_bytes,
-                           ca_file=settings.ssl_cert_file)
+                           ca_file=settings.ssl_cert_file, mirrors=settings.mirrors,
+                           mirrors_only=settings.mirrors_only)
 
 
 async def run_events(operation: Operation, model: str, store: Store,

@@ -26,6 +26,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--root", type=Path, help="storage directory (default "
                        "$FERRY_HOME/registry, FERRY_REGISTRY_ROOT)")
     _serve_options(serve)
+    serve.add_argument("--proxy", action="append", metavar="[PREFIX=]URL",
+                       help="be a pull-through cache of this upstream registry, for every "
+                       "repository or those under PREFIX (repeatable; FERRY_REGISTRY_PROXY)")
+    serve.add_argument("--proxy-ttl", type=float, metavar="SECONDS",
+                       help="serve a cached tag this long before asking upstream again "
+                       "(default 300, FERRY_REGISTRY_PROXY_TTL)")
+    serve.add_argument("--proxy-max-bytes", type=int, metavar="BYTES",
+                       help="evict least recently pulled mirrored models above this size "
+                       "(default 0: no cap, FERRY_REGISTRY_PROXY_MAX_BYTES)")
+    serve.add_argument("--proxy-local", action="append", metavar="NAMESPACE",
+                       help="keep this namespace local: pushes allowed, never fetched upstream "
+                       "(repeatable; FERRY_REGISTRY_PROXY_LOCAL)")
     serve.set_defaults(func=run_serve)
     _user_commands(commands)
 
@@ -146,7 +158,28 @@ def _with_flags(args: argparse.Namespace, settings: Settings) -> Settings:
         value = getattr(args, flag, None)
         if value is not None:
             changes[field] = value
+    changes.update(_proxy_flags(args))
     return settings.with_(**changes) if changes else settings
+
+
+def _proxy_flags(args: argparse.Namespace) -> dict[str, object]:
+    from registry.errors import FerryError
+    from registry.service.proxy.config import parse_upstreams
+
+    changes: dict[str, object] = {}
+    if getattr(args, "proxy", None):
+        try:
+            parse_upstreams(args.proxy)
+        except FerryError as exc:
+            raise CLIError(str(exc)) from exc
+        changes["registry_proxy"] = tuple(args.proxy)
+    if getattr(args, "proxy_ttl", None) is not None:
+        changes["registry_proxy_ttl"] = args.proxy_ttl
+    if getattr(args, "proxy_max_bytes", None) is not None:
+        changes["registry_proxy_max_bytes"] = args.proxy_max_bytes
+    if getattr(args, "proxy_local", None):
+        changes["registry_proxy_local"] = tuple(n.strip("/") for n in args.proxy_local)
+    return changes
 
 
 def run_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -155,6 +188,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     from ferry.app import build_registry_app
     from registry.service.app import BulkHttpProtocol
     from registry.service.auth.config import AuthConfigError
+    from registry.service.proxy.config import parse_upstreams
 
     settings = _with_flags(args, settings)
     _refuse_open_exposure(settings)
@@ -172,6 +206,9 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     access = f"auth from {settings.registry_auth}" if settings.registry_auth else "OPEN: no auth"
     print(f"registry on {scheme}://{settings.registry_host}:{settings.registry_port}, "
           f"storing in {where}, {access}", flush=True)
+    for upstream in parse_upstreams(settings.registry_proxy):
+        where = f"{upstream.prefix}/..." if upstream.prefix else "every repository"
+        print(f"mirroring {upstream.shown} for {where}", flush=True)
     uvicorn.run(app, host=settings.registry_host, port=settings.registry_port,
                 log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                 http=BulkHttpProtocol, loop="uvloop", **tls)

@@ -24,6 +24,8 @@ from registry.service.auth.limits import LimitSettings
 from registry.service.auth.middleware import AccessMiddleware
 from registry.service.errors import RegistryError, handle_error
 from registry.service.header_limits import MESSAGE, HeaderLimitedProtocol
+from registry.service.proxy.config import ProxyConfig
+from registry.service.proxy.routes import Proxy, proxy_routes
 from registry.service.registry import DEFAULT_UPLOAD_SESSION_TTL, Registry
 from registry.service.storage.base import BlobStore
 from registry.service.storage.filesystem import FilesystemStore
@@ -81,14 +83,17 @@ def build_registry_app(
     auth: AuthConfig | None = None,
     limits: LimitSettings | None = None,
     audit: AuditLog | None = None,
+    proxy: ProxyConfig | None = None,
 ) -> Starlette:
     """The /v2 app over `store`, or over a FilesystemStore at `root`. Without `auth` it is open
-    (anyone may push and delete); with it, every route checks the caller's token."""
+    (anyone may push and delete); with it, every route checks the caller's token. With `proxy`,
+    a pull-through cache of the upstreams it names (registry/service/proxy/)."""
     if store is None:
         if root is None:
             raise ValueError("build_registry_app needs a root directory or a store")
         store = FilesystemStore(root)
     registry = Registry.open(store, max_manifest_bytes, upload_session_ttl, max_blob_bytes)
+    cache = Proxy(registry, proxy) if proxy is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -101,6 +106,8 @@ def build_registry_app(
             purger.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await purger
+            if cache is not None:
+                await cache.aclose()
             close = getattr(store, "close", None)
             if close is not None:
                 close()
@@ -109,13 +116,15 @@ def build_registry_app(
 
     gate = Gate(auth) if auth is not None else None
     app = Starlette(
-        routes=[*oci.routes, *token_endpoint.routes],
+        routes=[*(proxy_routes(oci.routes) if cache is not None else oci.routes),
+                *token_endpoint.routes],
         exception_handlers={RegistryError: handle_error, FerryError: handle_error,
                             ClientDisconnect: handle_error, Exception: handle_error},
         middleware=[],
         lifespan=lifespan,
     )
     app.state.registry = registry
+    app.state.proxy = cache
     app.state.auth = gate
     limits = limits or LimitSettings()
     if gate is not None or limits.active or audit is not None:

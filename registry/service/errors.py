@@ -55,6 +55,7 @@ ERROR_CODES: dict[str, tuple[str, int, str]] = {
     "UNKNOWN": ("UNKNOWN", 500, "unknown error"),
     "UNAUTHORIZED": ("UNAUTHORIZED", 401, "authentication required"),
     "SCOPE_INVALID": ("UNSUPPORTED", 400, "invalid token scope"),
+    "UPSTREAM_FAILED": ("UNAVAILABLE", 502, "the upstream registry failed"),
 }
 
 

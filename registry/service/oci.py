@@ -224,10 +224,13 @@ class AnyPathConvertor(PathConvertor):
 
 
 register_url_convertor("v2path", AnyPathConvertor())
+# Every repository route: the handler is picked from the path's tail (a pull-through cache
+# answers this route first, registry/service/proxy/routes.py).
+CATCH_ALL = "/v2/{path:v2path}"
 
 routes = [
     Route("/v2/", base, methods=["GET"]),
     Route("/v2", base, methods=["GET"]),
     Route("/v2/_catalog", catalog, methods=["GET"]),
-    Route("/v2/{path:v2path}", _dispatch, methods=METHODS),
+    Route(CATCH_ALL, _dispatch, methods=METHODS),
 ]

@@ -52,10 +52,15 @@ class Revisions:
             raise RegistryError("MANIFEST_UNKNOWN", detail={"digest": str(digest)}) from exc
         return StoredManifest(digest, media_type, raw)
 
-    async def put(self, repo: str, raw: bytes, content_type: str | None) -> Manifest:
-        """Validate, check references, store the exact bytes and link them into `repo`."""
+    async def put(self, repo: str, raw: bytes, content_type: str | None,
+                  check_references: bool = True) -> Manifest:
+        """Validate, check references, store the exact bytes and link them into `repo`.
+
+        The pull-through cache stores a manifest before its blobs (it fetches them on demand),
+        so it passes `check_references=False`; a push never does."""
         manifest = parse_manifest(raw, content_type, self.max_bytes)
-        await self._check_references(repo, manifest)
+        if check_references:
+            await self._check_references(repo, manifest)
         digest = manifest.digest
         if await self.blobs.stat_anywhere(digest) is None:
             staged = paths.staging(paths.blob(digest), uuid.uuid4().hex)

@@ -51,6 +51,8 @@ class TransferOptions:
     progress_interval: float = 0.06
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     resolver: Resolver | None = None
+    mirrors: tuple[tuple[str, str], ...] = ()  # (registry host, mirror URL), tried in order
+    mirrors_only: bool = False  # never fall back to the registry host itself (air-gapped)
 
     @property
     def credentials_path(self) -> Path:
@@ -103,20 +105,18 @@ class RegistryClient:
                       headers: Mapping[str, str] | None = None, content: Body = None,
                       ok: tuple[int, ...] = (200,)) -> Reply:
         """Send with auth; return the (unread) reply if its status is in `ok`, else raise."""
-        reply = await send_authorized(self.session, self.auth, method, url, headers=headers,
-                                      content=content)
-        if reply.status in ok:
-            return reply
-        await raise_for_status(reply)
-        return reply
+        return await send_authorized(self.session, self.auth, method, url, headers=headers,
+                                     content=content, ok=ok)
 
 
 async def send_authorized(session: SafeSession, auth: Authenticator, method: str,
                           url: httpx.URL | str, *, headers: Mapping[str, str] | None = None,
-                          content: Body = None) -> Reply:
+                          content: Body = None, ok: tuple[int, ...] | None = None) -> Reply:
     """Send through `session` with `auth`'s header, answering one 401 challenge from the
-    registry's own origin with a fresh token; the reply (any status but 401) is unread.
-    A streamed `content` must be a callable, so the retry after a 401 can send it again."""
+    registry's own origin with a fresh token. With `ok`, a status outside it raises the
+    classified error; without, any status but 401 comes back. The reply is unread.
+    A streamed `content` must be a callable, so the retry after a 401 can send it again.
+    The client, the release publisher and the registry's pull-through cache all send this way."""
     for attempt in (1, 2):
         stale = auth.header
         try:
@@ -129,13 +129,16 @@ async def send_authorized(session: SafeSession, auth: Authenticator, method: str
                                     ) from exc
             raise
         if reply.status != 401:
-            return reply
+            break
         challenge = reply.response.headers.get("www-authenticate", "")
         await reply.aclose()
         if attempt == 2 or not challenge or not session.policy.is_registry_origin(reply.url):
             raise AuthFailed("unauthorized: access denied")
         await auth.refresh(challenge, stale)
-    raise AssertionError("unreachable")
+    if ok is None or reply.status in ok:
+        return reply
+    await raise_for_status(reply)
+    return reply
 
 
 async def raise_for_status(reply: Reply) -> None:

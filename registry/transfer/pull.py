@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -27,12 +28,14 @@ from registry.names import Name
 from registry.store import Store
 from registry.transfer.client import RegistryClient, TransferOptions, parse_target
 from registry.transfer.errors import TransferError
+from registry.transfer.mirrors import pull_sources
 from registry.transfer.partial import OrderedHasher, Part, PartialBlob
 from registry.transfer.progress import progress
 from registry.transfer.retry import ShortRead
 from registry.transfer.tasks import in_thread, run_all
 
 Progress = Callable[[dict[str, Any]], None]
+log = logging.getLogger("ferry.transfer")
 _WRITE_BATCH = 1024 * 1024
 
 
@@ -45,8 +48,34 @@ class ManifestNotFound(NotFound, ManifestError):
 
 
 async def pull(model: str, store: Store, options: TransferOptions, report: Progress) -> None:
-    """Pull `model` into `store`, calling `report` with Ollama's progress messages."""
+    """Pull `model` into `store`, calling `report` with Ollama's progress messages.
+
+    The model's host's mirrors (options.mirrors) are tried first, then the host itself unless
+    `mirrors_only`; whichever serves it, the model is stored under its own name."""
     name, base = parse_target(model, options.insecure)
+    sources = pull_sources(name, base, options)
+    for index, (source, source_options) in enumerate(sources):
+        try:
+            manifest = await _download(name, source, source_options, store, report)
+            break
+        except (FerryError, httpx.HTTPError) as exc:
+            if index == len(sources) - 1:
+                raise
+            log.warning("pulling %s from %s failed (%s); trying %s", name, source, exc,
+                        sources[index + 1][0])
+    report(progress("verifying sha256 digest"))
+    report(progress("writing manifest"))
+    previous = _current_manifest(store, name)
+    await asyncio.to_thread(store.write_manifest, name, manifest.raw)
+    if previous is not None and previous != manifest.raw and not options.noprune:
+        report(progress("removing unused layers"))
+        await asyncio.to_thread(store.remove_unused_after_replace, previous)
+    report(progress("success"))
+
+
+async def _download(name: Name, base: httpx.URL, options: TransferOptions, store: Store,
+                    report: Progress) -> Manifest:
+    """The manifest from `base`, and every blob of it into `store` (the manifest not yet)."""
     async with RegistryClient(name, base, options) as client:
         report(progress("pulling manifest"))
         manifest = await _fetch_manifest(client, name)
@@ -56,14 +85,7 @@ async def pull(model: str, store: Store, options: TransferOptions, report: Progr
         slots = asyncio.Semaphore(2 * options.max_streams)
         await run_all(BlobPull(client, store, desc, streams, report).run(slots)
                       for desc in blobs)
-    report(progress("verifying sha256 digest"))
-    report(progress("writing manifest"))
-    previous = _current_manifest(store, name)
-    await asyncio.to_thread(store.write_manifest, name, manifest.raw)
-    if previous is not None and previous != manifest.raw and not options.noprune:
-        report(progress("removing unused layers"))
-        await asyncio.to_thread(store.remove_unused_after_replace, previous)
-    report(progress("success"))
+    return manifest
 
 
 class Streams:

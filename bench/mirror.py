@@ -1,0 +1,143 @@
+"""Benchmark: a pull through the mirror (`ferry registry serve --proxy`), cold and warm, beside a
+direct pull from the upstream, all in one run on loopback.
+
+    .venv/bin/python bench/mirror.py [--mib 512] [--rounds 1] [--workdir DIR] [--proxy-dir DIR]
+
+Two `ferry registry serve` processes: the upstream, holding a pushed model of one big random
+blob plus a config, and the proxy in front of it. Each round pulls the model with ferry's
+transfer client (the code behind `ferry pull`) into a fresh store three times: directly from the
+upstream, through a proxy with an empty cache (cold: fetched upstream while streamed to the
+client), and through that proxy again (warm: from its cache). Prints MB/s (10^6 bytes) and the
+ratios; targets: cold >= 0.8x direct, warm >= 1.0x direct.
+
+On one machine the cold pull writes every byte twice (the proxy's cache and the client's store)
+where the direct pull writes it once, so a disk-bound machine halves it; `--proxy-dir` puts the
+proxy's storage elsewhere (another disk, or /dev/shm) to measure the mirror as it runs in
+production, on its own machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.transfer import free_port, make_model  # noqa: E402
+from registry.names import Name  # noqa: E402
+from registry.store import Store  # noqa: E402
+from registry.transfer.client import TransferOptions  # noqa: E402
+from registry.transfer.pull import pull  # noqa: E402
+from registry.transfer.push import push  # noqa: E402
+
+MiB = 1024 * 1024
+
+
+@contextlib.contextmanager
+def registry_process(root: Path, *extra: str) -> Iterator[tuple[str, int]]:
+    """`ferry registry serve` in its own process; yields (host:port, pid)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "ferry.cli", "registry", "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--root", str(root), *extra]
+    env = {**os.environ, "FERRY_HOME": str(root.parent / f"home-{root.name}")}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=1).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the registry did not start")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}", proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def timed_pull(name: str, store: Store, options: TransferOptions,
+               servers: list[int]) -> tuple[float, float]:
+    """Wall seconds, and CPU seconds of this process and the registries in `servers`."""
+    import psutil
+
+    def cpu() -> float:
+        own = sum(os.times()[:2])
+        return own + sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in servers)
+
+    start, cpu0 = time.perf_counter(), cpu()
+    asyncio.run(pull(name, store, options, lambda e: None))
+    return time.perf_counter() - start, cpu() - cpu0
+
+
+def run_round(work: Path, proxy_dir: Path, upstream: tuple[str, int], repo: str, raw: bytes,
+              options: TransferOptions, index: int) -> list[tuple[float, float]]:
+    """(wall, cpu) of the direct, cold and warm pulls."""
+    host, upstream_pid = upstream
+    direct_store = Store(work / f"direct-{index}")
+    results = [timed_pull(f"{host}/{repo}", direct_store, options, [upstream_pid])]
+    assert direct_store.read_manifest(Name.parse(f"{host}/{repo}")) == raw
+    shutil.rmtree(direct_store.root)
+    proxy_root = proxy_dir / f"proxy-{index}"
+    with registry_process(proxy_root, "--proxy", f"http://{host}") as (proxy, proxy_pid):
+        name = f"{proxy}/{repo}"
+        for phase in ("cold", "warm"):
+            store = Store(work / f"{phase}-{index}")
+            results.append(timed_pull(name, store, options, [upstream_pid, proxy_pid]))
+            assert store.read_manifest(Name.parse(name)) == raw
+            shutil.rmtree(store.root)
+    shutil.rmtree(proxy_root)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=512, help="size of the model's big blob")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--workdir", type=Path, help="default: a temp dir, removed after")
+    parser.add_argument("--proxy-dir", type=Path, help="where the proxy stores (default: "
+                        "the workdir, the same disk as the client)")
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="ferry-bench-mirror-"))
+    try:
+        source = Store(work / "source")
+        options = TransferOptions(home=work / "home", insecure=True)
+        with registry_process(work / "upstream") as upstream:
+            repo = "bench/model:v1"
+            name = f"{upstream[0]}/{repo}"
+            raw = make_model(source, name, args.mib * MiB, 0)
+            asyncio.run(push(name, source, options, lambda e: None))
+            size = args.mib * MiB / 1e6
+            print(f"{os.cpu_count()} CPUs; model {size:.0f} MB; MB/s per pull, and the CPU "
+                  "seconds client + registries spent on it")
+            print(f"{'round':>5} {'direct':>14} {'cold':>14} {'warm':>14} {'cold/d':>7} "
+                  f"{'warm/d':>7}")
+            for index in range(args.rounds):
+                (direct, dcpu), (cold, ccpu), (warm, wcpu) = run_round(
+                    work, args.proxy_dir or work, upstream, repo, raw, options, index)
+                print(f"{index:>5} {size / direct:7.1f} {dcpu:5.1f}s {size / cold:7.1f} "
+                      f"{ccpu:5.1f}s {size / warm:7.1f} {wcpu:5.1f}s {direct / cold:7.2f} "
+                      f"{direct / warm:7.2f}", flush=True)
+        print("targets: cold >= 0.80x direct, warm >= 1.00x direct")
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
