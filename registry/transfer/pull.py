@@ -212,7 +212,7 @@ class BlobPull:
         self.parts = [part]
         self._progress(force=True)
         data = await self.client.options.retry.run(self.status, lambda _n: self._get_small())
-        await asyncio.to_thread(self.store.write_blob_bytes, data, self.desc.digest)
+        await asyncio.to_thread(self._write_small, data)
         part.completed = part.size
         self._progress(force=True)
 
@@ -234,6 +234,9 @@ class BlobPull:
                             "early")
         return bytes(body)
 
+    def _write_small(self, data: bytes) -> None:
+        self.store.blob_writer(self.desc.digest, self.desc.size).write_all(data)
+
     def _already_present(self) -> bool:
         path = self.store.blob_path(self.desc.digest)
         try:
@@ -247,7 +250,7 @@ class BlobPull:
             partial.remove()
             raise DigestMismatch(str(self.desc.digest), str(digest))
         partial.finish()
-        self.store.publish_blob(partial.path, self.desc.digest)
+        self.store.adopt_blob(partial.path, self.desc.digest)
 
     async def _fetch_part(self, partial: PartialBlob, part: Part) -> None:
         async def attempt(_n: int) -> None:
