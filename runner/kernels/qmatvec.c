@@ -136,39 +136,3 @@ int qmatmul_affine(const float *x, int64_t rows, int64_t in_dims, const uint32_t
     free(xsum);
     return 0;
 }
-
-/* One row of dequant(w), with the width a compile-time constant so the unpacking unrolls. */
-#define DEQUANT_ROW(BITS)                                                                     \
-    for (int64_t g = 0; g < groups; g++) {                                                    \
-        const float s = load_scale(scales, o * groups + g, scale_bf16);                       \
-        const float b = load_scale(biases, o * groups + g, scale_bf16);                       \
-        for (int64_t k = 0; k < group * BITS / 32; k++) {                                     \
-            const uint32_t word = wrow[g * group * BITS / 32 + k];                            \
-            float *dst = orow + g * group + k * (32 / BITS);                                  \
-            for (int v = 0; v < 32 / BITS; v++)                                               \
-                dst[v] = s * (float)((word >> (v * BITS)) & ((1u << BITS) - 1u)) + b;         \
-        }                                                                                     \
-    }
-
-/* Rows [row_start, row_end) of dequant(w) into out ([row_end - row_start, in] float32), for
- * prefill: a block at a time, so BLAS multiplies while the full float32 matrix never exists. */
-int dequantize_affine(const uint32_t *w, const void *scales, const void *biases, int scale_bf16,
-                      int64_t in_dims, int64_t row_start, int64_t row_end, int bits, int group,
-                      float *out) {
-    if ((bits != 2 && bits != 4 && bits != 8) || group % 16 != 0 || in_dims % group != 0)
-        return -1;
-    const int64_t groups = in_dims / group;
-    const int64_t words = in_dims * bits / 32;
-    for (int64_t o = row_start; o < row_end; o++) {
-        const uint32_t *wrow = w + o * words;
-        float *orow = out + (o - row_start) * in_dims;
-        if (bits == 4) {
-            DEQUANT_ROW(4)
-        } else if (bits == 8) {
-            DEQUANT_ROW(8)
-        } else {
-            DEQUANT_ROW(2)
-        }
-    }
-    return 0;
-}

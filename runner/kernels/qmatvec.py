@@ -87,10 +87,6 @@ def _library() -> ctypes.CDLL:
     fn.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _ptr, ctypes.c_int, _c_int64,
                    ctypes.c_int, ctypes.c_int, _ptr]
     fn.restype = ctypes.c_int
-    fn = lib.dequantize_affine
-    fn.argtypes = [_ptr, _ptr, _ptr, ctypes.c_int, _c_int64, _c_int64, _c_int64, ctypes.c_int,
-                   ctypes.c_int, _ptr]
-    fn.restype = ctypes.c_int
     return lib
 
 
@@ -127,17 +123,3 @@ def qmatmul(x: np.ndarray, w: np.ndarray, scales: np.ndarray, biases: np.ndarray
         raise ValueError(f"qmatmul_affine refused a {bits}-bit, group {group_size} layer")
     return y
 
-
-def dequantize(w: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int,
-               group_size: int, rows: slice) -> np.ndarray:
-    """Rows `rows` of dequant(w) as float32 [len, in]; arguments as for `qmatmul`."""
-    in_dims = w.shape[1] * 32 // bits
-    _check(w, in_dims, bits, group_size)
-    start, stop, _ = rows.indices(w.shape[0])
-    out = np.empty((max(stop - start, 0), in_dims), dtype=np.float32)
-    status = _library().dequantize_affine(
-        w.ctypes.data, scales.ctypes.data, biases.ctypes.data, int(scales.dtype == np.uint16),
-        in_dims, start, stop, bits, group_size, out.ctypes.data)
-    if status != 0:
-        raise ValueError(f"dequantize_affine refused a {bits}-bit, group {group_size} layer")
-    return out

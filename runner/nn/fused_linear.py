@@ -2,10 +2,10 @@
 
 Decode (a few rows of x) goes through the fused dequantize-and-multiply kernel
 (`runner/kernels/qmatvec.c`), which reads 4 or 8 bits per weight instead of 32 and so beats a
-float32 GEMV while the model keeps its quantized size. Prefill (many rows) is compute-bound:
-there the layer dequantizes a block of rows at a time to float32 and hands it to BLAS, so the
-full float32 matrix never exists. The layer evaluates its input (the kernel is not an MLX op):
-it is a graph boundary, which costs a little pipelining and nothing in results.
+float32 GEMV while the model keeps its quantized size. The kernel is not an MLX op, so decode
+evaluates its input there (a graph boundary: a little less pipelining, the same results).
+Prefill (many rows) is compute-bound: there the layer dequantizes its matrix to float32 as a
+transient inside the MLX graph and lets BLAS multiply, one layer at a time.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import numpy as np
 from runner.kernels import qmatvec
 from runner.quant import QuantType
 
-DECODE_ROWS = 4  # at most this many rows of x use the kernel; more are dequantized for BLAS
-BLOCK_BYTES = 16 * 1024 * 1024  # float32 rows dequantized at once during prefill
+DECODE_ROWS = 8  # up to this many rows (decode, speculative checks) use the kernel
 
 
 @dataclass
@@ -73,26 +72,23 @@ class FusedQuantizedLinear(nn.Module):
         return self.packed
 
     def __call__(self, x: mx.array) -> mx.array:
-        lead = x.shape[:-1]
+        rows = x.size // self.input_dims
+        y = self._decode(x) if rows <= DECODE_ROWS else self._prefill(x)
+        return y + self["bias"] if "bias" in self else y
+
+    def _decode(self, x: mx.array) -> mx.array:
         x32 = x.reshape(-1, self.input_dims).astype(mx.float32)
         mx.eval(x32)
-        host = np.ascontiguousarray(_host(x32))
-        rows = host.shape[0]
-        y = self._decode(host) if rows <= DECODE_ROWS else self._prefill(host)
-        out = mx.array(y).reshape(*lead, self.output_dims)
-        return out + self["bias"] if "bias" in self else out
-
-    def _decode(self, x: np.ndarray) -> np.ndarray:
         p = self._packed()
-        return qmatvec.qmatmul(x, p.weight, p.scales, p.biases, self.bits, self.group_size)
+        y = qmatvec.qmatmul(np.ascontiguousarray(_host(x32)), p.weight, p.scales, p.biases,
+                            self.bits, self.group_size)
+        return mx.array(y).reshape(*x.shape[:-1], self.output_dims)
 
-    def _prefill(self, x: np.ndarray) -> np.ndarray:
-        p = self._packed()
-        y = np.empty((x.shape[0], self.output_dims), dtype=np.float32)
-        block = max(1, BLOCK_BYTES // (4 * self.input_dims))
-        for start in range(0, self.output_dims, block):
-            rows = slice(start, min(start + block, self.output_dims))
-            w = qmatvec.dequantize(p.weight, p.scales, p.biases, self.bits, self.group_size,
-                                   rows)
-            np.matmul(x, w.T, out=y[:, rows])
-        return y
+    def _prefill(self, x: mx.array) -> mx.array:
+        """Lazy, unlike decode: a prefill whose logits nobody reads never computes the head.
+        Scales are widened first so each weight is exactly what the kernel and the float32
+        path use; MLX frees each transient matrix once its matmul has run."""
+        w = mx.dequantize(self["weight"], self["scales"].astype(mx.float32),
+                          self["biases"].astype(mx.float32), group_size=self.group_size,
+                          bits=self.bits)
+        return x.astype(mx.float32) @ w.T
