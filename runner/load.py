@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -43,12 +44,14 @@ from runner.kernels import qmatvec
 from runner.models import get_model_module, model_type_for_architecture
 from runner.nn.fused_linear import FusedQuantizedLinear, fused_supported
 from runner.nn.linear import Linear
+from runner.nn.mapped_embedding import MappedEmbedding, mappable
 from runner.quant import QuantType
 
 Release = Callable[[], None]
 Progress = Callable[[float], None]
 FLOAT32_BUDGET = 0.7  # share of available memory float32 weights may take under "auto"
 DRAFT_PREFIX = "draft."
+EMBEDDING = "model.embed_tokens"  # the token embedding's module path in every architecture
 
 
 class LoadError(RuntimeError):
@@ -265,6 +268,21 @@ def load_model(store: Store, name: str, compute: str = "auto",
     return LoadedModel(model, files, path, nbytes, time.perf_counter() - started, draft)
 
 
+def _mapped_embedding(model: nn.Module, store: Store, blobs: list[tuple[str, Digest]],
+                      compute: str, prefix: str) -> tuple[Digest, Path, str] | None:
+    """On the fused path, the blob of an untied, unquantized embedding, to be memory-mapped
+    (`runner/nn/mapped_embedding.py`) rather than loaded; None when that does not apply."""
+    args = getattr(model, "args", None)
+    if compute != "fused" or args is None or args.tie_word_embeddings:
+        return None
+    key = prefix + EMBEDDING + ".weight"
+    for layer_name, digest in blobs:
+        path = store.blob_path(digest)
+        if layer_name == key and mappable(path, key):
+            return digest, path, key
+    return None
+
+
 def _draft_fits(name: str, files: ModelFiles) -> bool:
     """A draft must score the target's token ids: same vocabulary size, or it is not used
     (the model still runs, without speculation)."""
@@ -283,7 +301,11 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
     model, module = build_model(config)
     weights: dict[str, mx.array] = {}
     qtypes: dict[str, QuantType] = {}
+    mapped = _mapped_embedding(model, store, blobs, compute, prefix)
     for done, (_, digest) in enumerate(blobs, 1):
+        if mapped is not None and digest == mapped[0]:
+            progress(done)
+            continue
         blob_weights, blob_qtypes = read_blob_tensors(str(store.blob_path(digest)), compute)
         mx.eval(list(blob_weights.values()))  # upcast now: the source arrays are freed as we go
         weights.update({k.removeprefix(prefix): v for k, v in blob_weights.items()})
@@ -299,6 +321,8 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
             if embedding.dtype != mx.uint32:
                 weights["model.embed_tokens.weight"] = embedding.astype(mx.float32)
     quantize_modules(model, qtypes, compute)
+    if mapped is not None:
+        model.update_modules(tree_unflatten([(EMBEDDING, MappedEmbedding(*mapped[1:]))]))
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:

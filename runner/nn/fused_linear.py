@@ -85,9 +85,11 @@ class FusedQuantizedLinear(nn.Module):
         return mx.array(y).reshape(*x.shape[:-1], self.output_dims)
 
     def _prefill(self, x: mx.array) -> mx.array:
-        """Lazy, unlike decode: a prefill whose logits nobody reads never computes the head.
-        Scales are widened first so each weight is exactly what the kernel and the float32
-        path use; MLX frees each transient matrix once its matmul has run."""
+        """Lazy in its own output, so a prefill whose logits nobody reads never computes the
+        head; but its input is evaluated first, so the graph holds one layer's transient
+        float32 matrices at a time rather than every layer's at once. Scales are widened first
+        so each weight is exactly what the kernel and the float32 path use."""
+        mx.eval(x)
         w = mx.dequantize(self["weight"], self["scales"].astype(mx.float32),
                           self["biases"].astype(mx.float32), group_size=self.group_size,
                           bits=self.bits)

@@ -7,6 +7,7 @@ import mlx.core as mx
 import mlx_models
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from runner.generate import Generator
 from runner.kernels import qmatvec
@@ -87,6 +88,19 @@ def test_greedy_tokens_identical_to_the_float32_path(model_store, created_model,
     assert fused.weights_bytes < full.weights_bytes / 2
     # (native is not compared: it keeps activations in bf16 and drifts after ~20 tokens)
     assert _greedy(fused) == _greedy(full)
+
+
+def test_an_untied_embedding_is_mapped_from_its_blob_and_a_tied_one_loaded(model_store,
+                                                                           created_model):
+    llama = load_model(model_store, created_model("llama", "int4"), "fused")
+    embedding = llama.model.model.embed_tokens
+    assert type(embedding).__name__ == "MappedEmbedding"
+    assert "embed_tokens" not in str(dict(tree_flatten(llama.model.parameters())).keys())
+    reference = load_model(model_store, created_model("llama", "int4"), "native")
+    ids = mx.array([[5, 0, 2047, 5]])
+    assert mx.array_equal(embedding(ids), reference.model.model.embed_tokens(ids))
+    qwen3 = load_model(model_store, created_model("qwen3", "int4"), "fused")
+    assert qwen3.model.model.embed_tokens.weight.dtype == mx.float32  # the tied head's BLAS
 
 
 def test_auto_keeps_quantized_models_packed_and_dense_ones_float32(model_store, created_model):
