@@ -21,6 +21,7 @@ import os
 import secrets
 import time
 from collections.abc import AsyncIterable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from registry.digests import Digest, Hasher
@@ -28,6 +29,10 @@ from registry.errors import DigestMismatch, SizeMismatch
 
 TMP_PREFIX = ".tmp-"
 _FLUSH_BYTES = 4 * 1024 * 1024
+# A large blob is pushed to disk as it arrives (on a thread of its own, never blocking writes),
+# so the fsync in `commit()` finds little left to write: an upload's durability then overlaps
+# its transfer instead of following it.
+_SYNC_EVERY = 64 * 1024 * 1024
 
 
 def fsync_dir(path: Path) -> None:
@@ -79,6 +84,9 @@ class BlobWriter:
         self.tmp_path = temp_path(blobs_dir)
         self._fh = open(self.tmp_path, "wb")  # noqa: SIM115 - closed in commit/abort
         self._done = False
+        self._synced = 0
+        self._syncer: ThreadPoolExecutor | None = None
+        self._syncing: Future[None] | None = None
 
     @property
     def done(self) -> bool:
@@ -88,11 +96,29 @@ class BlobWriter:
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         self.hasher.update(chunk)
         self._fh.write(chunk)
+        if self.hasher.size - self._synced >= _SYNC_EVERY:
+            self._sync_in_background()
+
+    def _sync_in_background(self) -> None:
+        if self._syncing is not None and not self._syncing.done():
+            return  # the previous flush still runs; the next write asks again
+        self._fh.flush()
+        if self._syncer is None:
+            self._syncer = ThreadPoolExecutor(1, thread_name_prefix="ferry-blob-sync")
+        self._syncing = self._syncer.submit(os.fdatasync, self._fh.fileno())
+        self._synced = self.hasher.size
+
+    def _stop_syncing(self) -> None:
+        """Wait for a background flush (it uses the file) before the file is closed."""
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
+            self._syncer = None
 
     def commit(self) -> Digest:
         """Verify size and digest, fsync, and rename to the blob's final name."""
         try:
             self._fh.flush()
+            self._stop_syncing()
             os.fsync(self._fh.fileno())
             self._fh.close()
             actual = self.hasher.digest()
@@ -108,6 +134,7 @@ class BlobWriter:
                 self.abort()
 
     def abort(self) -> None:
+        self._stop_syncing()
         if not self._fh.closed:
             self._fh.close()
         self.tmp_path.unlink(missing_ok=True)

@@ -103,6 +103,22 @@ def test_a_committed_writer_is_done_and_a_second_one_can_replace_the_same_blob(s
     assert _files(store.blobs_dir) == [Digest.of(b"same").filename]
 
 
+def test_a_large_blob_is_flushed_while_it_is_written_not_only_at_commit(store, monkeypatch):
+    import registry.blob_writer as blob_writer
+
+    monkeypatch.setattr(blob_writer, "_SYNC_EVERY", 1024 * 1024)
+    synced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+    writer = store.blob_writer()
+    for _ in range(6):
+        writer.write(os.urandom(1024 * 1024))
+    assert synced  # before commit: durability overlaps the transfer
+    digest = writer.commit()
+    assert store.blob_size(digest) == 6 * 1024 * 1024 and _files(store.blobs_dir) == [
+        digest.filename]
+
+
 def test_a_killed_writer_leaves_only_a_temp_name_that_prune_sweeps(store):
     script = (
         "import sys, time\n"
