@@ -29,6 +29,7 @@ system-deps:
 	@missing=""; \
 	command -v skopeo >/dev/null 2>&1 || missing="$$missing skopeo"; \
 	[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || [ -e /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3 ] || missing="$$missing libopenblas0-pthread"; \
+	command -v cc >/dev/null 2>&1 || missing="$$missing gcc"; \
 	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing$$missing with apt-get"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) || \

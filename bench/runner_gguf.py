@@ -73,7 +73,7 @@ def gguf_model(workdir: Path, ckpt: Path, preset: str, kind: str) -> tuple[str, 
     try:
         store.get_model(Name.parse_valid(name))
     except NotFound:
-        digest = store.write_blob_bytes(path.read_bytes())
+        digest = store.blob_writer().write_all(path.read_bytes())
         create(Name.parse(name), GGUFFiles({path.name: digest}), CreateOptions(), store,
                lambda e: None, threading.Event())
     return name, path.stat().st_size

@@ -93,10 +93,10 @@ def make_model(store: Store, name: str, big: int, small: int) -> bytes:
     layers = [write_random_blob(store, big)]
     for i in range(small):
         data = os.urandom(1024 + (i * 7919) % (63 * 1024))
-        layers.append(Descriptor(mt.OCI_LAYER_TAR, store.write_blob_bytes(data), len(data)))
+        layers.append(Descriptor(mt.OCI_LAYER_TAR, store.blob_writer().write_all(data), len(data)))
     config = json.dumps({"architecture": "amd64", "os": "linux",
                          "rootfs": {"type": "layers", "diff_ids": []}}).encode()
-    cfg = Descriptor(mt.OCI_CONFIG, store.write_blob_bytes(config), len(config))
+    cfg = Descriptor(mt.OCI_CONFIG, store.blob_writer().write_all(config), len(config))
     raw = build_manifest(cfg, layers)
     store.write_manifest(Name.parse_valid(name), raw)
     return raw

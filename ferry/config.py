@@ -168,8 +168,9 @@ class Settings:
             env.get("FERRY_REGISTRY_HOST", ""), DEFAULT_REGISTRY_PORT
         )
         compute = env.get("FERRY_COMPUTE", "auto").strip().lower() or "auto"
-        if compute not in ("auto", "native", "float32"):
-            raise ConfigError(f"FERRY_COMPUTE must be auto, native or float32, got {compute!r}")
+        if compute not in ("auto", "native", "float32", "fused"):
+            raise ConfigError("FERRY_COMPUTE must be auto, native, float32 or fused, "
+                              f"got {compute!r}")
         return cls(
             home=home,
             models_dir=models,

@@ -10,6 +10,7 @@
 Writes go to a temp name in the destination directory, are fsynced, then renamed, so a reader
 sees the old file or the new one, never a mix; a crash leaves only temp files, which `prune()`
 sweeps once they are an hour old (younger ones may belong to a write still in progress).
+How bytes become a blob (stream in and verify, or adopt a verified file) is `blob_writer.py`.
 """
 
 from __future__ import annotations
@@ -21,18 +22,17 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from registry.digests import Digest, Hasher
-from registry.errors import DigestMismatch, InvalidManifest, NotFound, SizeMismatch
+from registry.blob_writer import TMP_PREFIX, BlobWriter, adopt_blob, fsync_dir
+from registry.digests import Digest
+from registry.errors import InvalidManifest, NotFound
 from registry.manifests import Manifest, parse_manifest
 from registry.names import Name
 
 PRUNE_GRACE_SECONDS = 3600.0
-_FLUSH_BYTES = 4 * 1024 * 1024
-TMP_PREFIX = ".tmp-"
 # workflows/create/stage.py stages a create's files in `<models>/.create-<id>/` (registry may not
 # import workflows, so the name is repeated here; a test checks the two agree).
 CREATE_STAGE_PREFIX = ".create-"
@@ -55,16 +55,6 @@ class ModelEntry:
         return parse_manifest(self.raw)
 
 
-def fsync_dir(path: Path) -> None:
-    """Persist a rename: fsync the directory that holds the entry (no-op where unsupported)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write `data` to `path` so readers see the old content or the new, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,62 +72,9 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     fsync_dir(path.parent)
 
 
-class BlobWriter:
-    """Stream bytes into a temp file in `blobs/`, hashing as they arrive; publish on commit.
-
-    Use as a context manager: leaving the block without `commit()` (an error, a cancel, a
-    disconnect) removes the temp file, so nothing half-written ever takes a blob's name.
-    """
-
-    def __init__(self, store: Store, expected: Digest | None = None,
-                 expected_size: int | None = None) -> None:
-        self.store = store
-        self.expected = expected
-        self.expected_size = expected_size
-        self.hasher = Hasher()
-        store.blobs_dir.mkdir(parents=True, exist_ok=True)
-        self.tmp_path = store.blobs_dir / f"{TMP_PREFIX}{secrets.token_hex(8)}"
-        self._fh = open(self.tmp_path, "wb")  # noqa: SIM115 - closed in commit/abort
-        self._done = False
-
-    def write(self, chunk: bytes | bytearray | memoryview) -> None:
-        self.hasher.update(chunk)
-        self._fh.write(chunk)
-
-    def commit(self) -> Digest:
-        """Verify size and digest, fsync, and rename to the blob's final name."""
-        try:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            actual = self.hasher.digest()
-            if self.expected_size is not None and self.hasher.size != self.expected_size:
-                raise SizeMismatch(self.expected_size, self.hasher.size)
-            if self.expected is not None and actual != self.expected:
-                raise DigestMismatch(str(self.expected), str(actual))
-            self.store.publish_blob(self.tmp_path, actual)
-            self._done = True
-            return actual
-        finally:
-            if not self._done:
-                self.abort()
-
-    def abort(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
-        self.tmp_path.unlink(missing_ok=True)
-        self._done = True
-
-    def __enter__(self) -> BlobWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self._done:
-            self.abort()
-
-
 class Store:
-    """The local models dir. Sync methods; async callers wrap the slow ones in a thread."""
+    """The local models dir. Every method blocks on the disk; async callers run the slow ones
+    in a thread (`BlobWriter.write_stream` does so itself)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -170,70 +107,12 @@ class Store:
 
     def blob_writer(self, expected: Digest | None = None,
                     expected_size: int | None = None) -> BlobWriter:
-        return BlobWriter(self, expected, expected_size)
+        """The one way new bytes become a blob: stream in, verify, publish (`blob_writer.py`)."""
+        return BlobWriter(self.blobs_dir, expected, expected_size)
 
-    def publish_blob(self, tmp_path: Path, digest: Digest, sync_dir: bool = True) -> Path:
-        """Give a verified, fsynced temp file its final name (a same-content blob may exist).
-
-        `sync_dir=False` lets a caller publishing many blobs fsync `blobs/` once at the end.
-        """
-        final = self.blob_path(digest)
-        os.chmod(tmp_path, 0o644)
-        os.replace(tmp_path, final)
-        if sync_dir:
-            fsync_dir(self.blobs_dir)
-        now = time.time()
-        os.utime(final, (now, now))
-        return final
-
-    def write_blob_bytes(self, data: bytes, expected: Digest | None = None) -> Digest:
-        with self.blob_writer(expected, len(data) if expected else None) as writer:
-            writer.write(data)
-            return writer.commit()
-
-    def write_blob_iter(self, chunks: Iterable[bytes], expected: Digest | None = None,
-                        expected_size: int | None = None) -> Digest:
-        with self.blob_writer(expected, expected_size) as writer:
-            for chunk in chunks:
-                writer.write(chunk)
-            return writer.commit()
-
-    async def write_blob(self, stream: AsyncIterable[bytes], expected: Digest | None = None,
-                         expected_size: int | None = None) -> Digest:
-        """Hash while writing an async stream, off the event loop.
-
-        Double-buffered: while a worker thread hashes and writes one batch, the loop receives
-        the next, so a fast upload is bounded by the slower of the two, not their sum. Writes
-        stay in order because a batch starts only after the previous one finished.
-        """
-        import asyncio
-
-        writer = await asyncio.to_thread(self.blob_writer, expected, expected_size)
-        in_flight: asyncio.Future[None] | None = None
-        try:
-            pending: list[bytes] = []
-            pending_size = 0
-            async for chunk in stream:
-                pending.append(chunk)
-                pending_size += len(chunk)
-                if pending_size >= _FLUSH_BYTES:
-                    if in_flight is not None:
-                        await in_flight
-                    batch = b"".join(pending)
-                    in_flight = asyncio.ensure_future(asyncio.to_thread(writer.write, batch))
-                    pending, pending_size = [], 0
-            if in_flight is not None:
-                await in_flight
-                in_flight = None
-            if pending:
-                await asyncio.to_thread(writer.write, b"".join(pending))
-            return await asyncio.to_thread(writer.commit)
-        finally:
-            if in_flight is not None:
-                # The thread cannot be interrupted: let it finish before the file is removed.
-                await asyncio.gather(in_flight, return_exceptions=True)
-            if not writer._done:
-                await asyncio.to_thread(writer.abort)
+    def adopt_blob(self, path: Path, digest: Digest, sync_dir: bool = True) -> Path:
+        """Publish a file in `blobs/` the caller already verified and fsynced (pull, create)."""
+        return adopt_blob(self.blobs_dir, path, digest, sync_dir)
 
     def delete_blob(self, digest: Digest) -> None:
         self.blob_path(digest).unlink(missing_ok=True)

@@ -12,8 +12,13 @@ metadata cache, tokenizer layers built from the file's metadata, tensors renamed
 
 Compute paths (`FERRY_COMPUTE`): "native" keeps every tensor as stored (bf16 matmuls, quantized
 matmuls); "float32" dequantizes and upcasts each tensor as it is read, so every matmul is a dense
-float32 GEMM (the only kind MLX's CPU backend hands to BLAS, ~75x faster with OpenBLAS); "auto"
-picks float32 on a CPU when the float32 weights fit the memory budget, else native.
+float32 GEMM (the only kind MLX's CPU backend hands to BLAS, ~75x faster with OpenBLAS); "fused"
+keeps affine 2/4/8-bit weights packed (`runner/nn/fused_linear.py`: a fused dequantize-and-
+multiply kernel for decode, per-block dequantization for BLAS in prefill) and upcasts the rest
+like float32, except an untied embedding, which only serves lookups and stays as stored.
+"auto" on a CPU picks fused for a quantized model when the kernel builds (measured with
+bench/runner.py: faster decode than float32 at the quantized size, where float32 takes 8x an
+int4 model's size), else float32 when the float32 weights fit the memory budget, else native.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -40,13 +46,18 @@ from registry.safetensors_header import logical_tensors, read_header
 from registry.store import Store
 from runner.gguf_load import GGUFFile, GGUFLoadError, gguf_config, open_gguf, read_weights
 from runner.gguf_tokenizer import eos_ids, tokenizer_files
+from runner.kernels import qmatvec
 from runner.models import model_module, model_types, module_for_architecture, module_for_gguf
+from runner.nn.fused_linear import FusedQuantizedLinear, fused_supported
+from runner.nn.linear import Linear
+from runner.nn.mapped_embedding import MappedEmbedding, mappable
 from runner.quant import QuantType
 
 Release = Callable[[], None]
 Progress = Callable[[float], None]
 FLOAT32_BUDGET = 0.7  # share of available memory float32 weights may take under "auto"
 DRAFT_PREFIX = "draft."
+EMBEDDING = "model.embed_tokens"  # the token embedding's module path in every architecture
 
 
 class LoadError(RuntimeError):
@@ -161,11 +172,25 @@ def float32_bytes(store: Store, files: ModelFiles) -> int:
     return total
 
 
+def is_quantized(store: Store, files: ModelFiles) -> bool:
+    """Whether any tensor blob holds quantized weights (headers only)."""
+    for _, digest in files.tensor_blobs:
+        header = read_header(store.blob_path(digest))
+        if any(key.endswith(".scale") and key[:-6] in header for key in header):
+            return True
+    return False
+
+
 def choose_compute(setting: str, store: Store, files: ModelFiles) -> str:
-    if setting in ("native", "float32"):
+    if setting == "fused" and not qmatvec.available():
+        raise LoadError("FERRY_COMPUTE=fused needs the fused kernel, which cannot be built here "
+                        "(is a C compiler installed?)")
+    if setting in ("native", "float32", "fused"):
         return setting
     if mx.default_device().type != mx.DeviceType.cpu:
         return "native"
+    if is_quantized(store, files) and qmatvec.available():
+        return "fused"
     budget = psutil.virtual_memory().available * FLOAT32_BUDGET
     return "float32" if float32_bytes(store, files) <= budget else "native"
 
@@ -194,17 +219,16 @@ def read_blob_tensors(path: str, compute: str) -> tuple[dict[str, mx.array], dic
         if key.endswith((".scale", ".bias")) and key.rsplit(".", 1)[0] + ".scale" in arrays:
             continue  # quantization companions, taken with their tensor below
         if key + ".scale" not in arrays:
-            weights[key] = array.astype(mx.float32) if compute == "float32" else array
+            weights[key] = array.astype(mx.float32) if _upcast(compute, key) else array
             continue
         qtype = _quant_type(metadata, key)
         if qtype is None:
             raise LoadError(f"tensor {key} has scales but no quant_type metadata")
         scale, bias = arrays[key + ".scale"], arrays.get(key + ".bias")
         module = key.removesuffix(".weight")
-        if compute == "float32":
-            weights[key] = mx.dequantize(array, scale, bias if qtype.has_bias else None,
-                                         group_size=qtype.group_size, bits=qtype.bits,
-                                         mode=qtype.mode).astype(mx.float32)
+        in_dims = array.shape[-1] * 32 // qtype.bits
+        if compute == "float32" or (compute == "fused" and not fused_supported(qtype, in_dims)):
+            weights[key] = _dequantize_float32(array, scale, bias, qtype)
             continue
         qtypes[module] = qtype
         weights[f"{module}.weight"], weights[f"{module}.scales"] = array, scale
@@ -213,14 +237,40 @@ def read_blob_tensors(path: str, compute: str) -> tuple[dict[str, mx.array], dic
     return weights, qtypes
 
 
-def quantize_modules(model: nn.Module, qtypes: dict[str, QuantType]) -> None:
-    """Swap each dense layer whose tensor is stored quantized for its quantized twin."""
-    swaps = [(path, module.to_quantized(qtypes[path]))
+def _dequantize_float32(packed: mx.array, scale: mx.array, bias: mx.array | None,
+                        qtype: QuantType) -> mx.array:
+    """Affine scales are widened first, so each weight is scale * q + bias in float32 exactly
+    as the fused kernel computes it (not rounded to the scales' bf16)."""
+    if qtype.has_bias:
+        scale = scale.astype(mx.float32)
+        bias = bias.astype(mx.float32) if bias is not None else None
+    return mx.dequantize(packed, scale, bias if qtype.has_bias else None,
+                         group_size=qtype.group_size, bits=qtype.bits,
+                         mode=qtype.mode).astype(mx.float32)
+
+
+def _upcast(compute: str, key: str) -> bool:
+    """Dense tensors become float32 on the float32 and fused paths, except (fused) embeddings,
+    which serve lookups (a tied head is upcast after loading, see `assign_weights`)."""
+    return compute == "float32" or (compute == "fused" and "embed_tokens" not in key)
+
+
+def quantize_modules(model: nn.Module, qtypes: dict[str, QuantType], compute: str) -> None:
+    """Swap each dense layer whose tensor is stored quantized for its quantized twin (on the
+    fused path, linear layers get the fused kernel's twin)."""
+    swaps = [(path, _quantized(module, qtypes[path], compute))
              for path, module in model.named_modules() if path in qtypes]
     missing = set(qtypes) - {path for path, _ in swaps}
     if missing:
         raise LoadError(f"quantized tensors for unknown layers: {', '.join(sorted(missing))}")
     model.update_modules(tree_unflatten(swaps))
+
+
+def _quantized(module: nn.Module, qtype: QuantType, compute: str) -> nn.Module:
+    if compute == "fused" and isinstance(module, Linear):
+        out_dims, in_dims = module["weight"].shape
+        return FusedQuantizedLinear(in_dims, out_dims, qtype, bias="bias" in module)
+    return module.to_quantized(qtype)
 
 
 def build_model(config: dict[str, Any]) -> tuple[nn.Module, Any]:
@@ -276,6 +326,21 @@ def load_model(store: Store, name: str, compute: str = "auto",
     return LoadedModel(model, files, path, nbytes, time.perf_counter() - started, draft)
 
 
+def _mapped_embedding(model: nn.Module, store: Store, blobs: list[tuple[str, Digest]],
+                      compute: str, prefix: str) -> tuple[Digest, Path, str] | None:
+    """On the fused path, the blob of an untied, unquantized embedding, to be memory-mapped
+    (`runner/nn/mapped_embedding.py`) rather than loaded; None when that does not apply."""
+    args = getattr(model, "args", None)
+    if compute != "fused" or args is None or args.tie_word_embeddings:
+        return None
+    key = prefix + EMBEDDING + ".weight"
+    for layer_name, digest in blobs:
+        path = store.blob_path(digest)
+        if layer_name == key and mappable(path, key):
+            return digest, path, key
+    return None
+
+
 def _draft_fits(name: str, files: ModelFiles) -> bool:
     """A draft must score the target's token ids: same vocabulary size, or it is not used
     (the model still runs, without speculation)."""
@@ -294,7 +359,11 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
     model, module = build_model(config)
     weights: dict[str, mx.array] = {}
     qtypes: dict[str, QuantType] = {}
+    mapped = _mapped_embedding(model, store, blobs, compute, prefix)
     for done, (_, digest) in enumerate(blobs, 1):
+        if mapped is not None and digest == mapped[0]:
+            progress(done)
+            continue
         blob_weights, blob_qtypes = read_blob_tensors(str(store.blob_path(digest)), compute)
         mx.eval(list(blob_weights.values()))  # upcast now: the source arrays are freed as we go
         weights.update({k.removeprefix(prefix): v for k, v in blob_weights.items()})
@@ -306,7 +375,9 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
         qtypes = {rename(k): v for k, v in qtypes.items()}
     if hasattr(module, "sanitize"):
         weights = module.sanitize(weights)
-    return assign_weights(name, model, weights, qtypes)
+    if mapped is not None:
+        model.update_modules(tree_unflatten([(EMBEDDING, MappedEmbedding(*mapped[1:]))]))
+    return assign_weights(name, model, weights, qtypes, compute)
 
 
 def load_gguf_weights(name: str, config: dict[str, Any], gguf: GGUFFile,
@@ -317,15 +388,19 @@ def load_gguf_weights(name: str, config: dict[str, Any], gguf: GGUFFile,
         weights, qtypes = read_weights(gguf, module, model.args, compute)
     except (GGUFLoadError, ValueError) as exc:
         raise LoadError(f"model {name}: {exc}") from exc
-    return assign_weights(name, model, weights, qtypes)
+    return assign_weights(name, model, weights, qtypes, compute)
 
 
 def assign_weights(name: str, model: nn.Module, weights: dict[str, mx.array],
-                   qtypes: dict[str, QuantType]) -> nn.Module:
+                   qtypes: dict[str, QuantType], compute: str) -> nn.Module:
     """Swap in quantized layers, load `weights` strictly, and evaluate them."""
     if getattr(model, "args", None) is not None and model.args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    quantize_modules(model, qtypes)
+        embedding = weights.get(EMBEDDING + ".weight")
+        if compute == "fused" and embedding is not None and embedding.dtype != mx.uint32:
+            # The tied head multiplies by the embedding every token: BLAS needs float32.
+            weights[EMBEDDING + ".weight"] = embedding.astype(mx.float32)
+    quantize_modules(model, qtypes, compute)
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:

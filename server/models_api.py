@@ -91,7 +91,8 @@ async def create_blob(request: Request) -> Response:
     if await asyncio.to_thread(store.has_blob, digest):
         return Response(status_code=200)
     try:
-        await store.write_blob(request.stream(), expected=digest)
+        writer = await asyncio.to_thread(store.blob_writer, digest)
+        await writer.write_stream(request.stream())
     except ClientDisconnect:
         # The writer already removed its temp file; nobody is left to read a response.
         log.info("upload of %s stopped: the client disconnected mid-body", digest)

@@ -1,11 +1,12 @@
 """`ferry runner --model NAME --port P`: one model's runner process (hidden; the model server
 spawns it, docs/runner-protocol.md).
 
-On Linux the float32 compute path hands every matmul to BLAS, and the BLAS linked into the
-mlx[cpu] wheel is a slow reference one; Debian's OpenBLAS, when installed, is ~75x faster. A
-library must be preloaded before the process starts, so the command re-executes itself once
-with LD_PRELOAD naming OpenBLAS. The scheduler need not know: it just runs `ferry runner`.
-The LD_PRELOAD value itself guards against a loop (a second start sees it and goes on).
+On Linux the float32 compute path hands every matmul to BLAS (the fused path its prefill's),
+and the BLAS linked into the mlx[cpu] wheel is a slow reference one; Debian's OpenBLAS, when
+installed, is ~75x faster. A library must be preloaded before the process starts, so the
+command re-executes itself once with LD_PRELOAD naming OpenBLAS. The scheduler need not know: it
+just runs `ferry runner`. The LD_PRELOAD value itself guards against a loop (a second start sees
+it and goes on).
 
 A runner holds a model's memory, so it must not outlive the server that spawned it, even one
 killed with SIGKILL (no cleanup runs then): `die_with_parent` asks Linux for SIGKILL when the
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "runner", help="serve one model for the model server (internal)",
         description="Load one model from the local store with MLX and serve the runner "
                     "protocol (GET /v1/status, POST /v1/completions, POST /v1/tokenize) on "
-                    "127.0.0.1. Started by `ferry serve`; FERRY_COMPUTE=auto|native|float32 "
+                    "127.0.0.1. Started by `ferry serve`; FERRY_COMPUTE=auto|native|float32|fused "
                     "picks the compute path.")
     parser.add_argument("--model", required=True, help="model name in the local store")
     parser.add_argument("--port", type=int, required=True, help="port to listen on")

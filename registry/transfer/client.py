@@ -38,9 +38,11 @@ class TransferOptions:
     home: Path = field(default_factory=lambda: Path.home() / ".ferry")
     insecure: bool = False
     max_streams: int = 8
-    part_min: int = 100 * MB
-    part_max: int = 1000 * MB
-    parts_target: int = 16
+    # Smaller than Ollama's [100 MB, 1000 MB] / 16: the in-order hasher trails the parts in
+    # flight, so small parts leave little to hash (and fsync) after the last byte arrives.
+    part_min: int = 16 * MB
+    part_max: int = 256 * MB
+    parts_target: int = 64
     chunk_size: int = 100 * MB
     small_blob_max: int = 4 * 1024 * 1024  # fetched whole into memory, no part state
     checkpoint_bytes: int = 16 * 1024 * 1024

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from registry.manifests import Descriptor
 
 _HASH_READ = 4 * 1024 * 1024
 _FLUSH_EVERY = 16 * 1024 * 1024
+_IOV_MAX = 1024
 
 
 @dataclass
@@ -94,12 +96,18 @@ class PartialBlob:
         for part in parts:
             self.save(part)
 
-    def write(self, data: bytes | bytearray, position: int) -> None:
+    def write(self, chunks: list[bytes], position: int) -> None:
+        """Write `chunks` back to back at `position` (one pwritev; short writes resumed)."""
         assert self.fd is not None
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(self.fd, view, position)
-            view, position = view[written:], position + written
+        views = [memoryview(c) for c in chunks if c]
+        while views:
+            written = os.pwritev(self.fd, views[:_IOV_MAX], position)
+            position += written
+            while views and written >= len(views[0]):
+                written -= len(views[0])
+                views.pop(0)
+            if written:
+                views[0] = views[0][written:]
 
     def save(self, part: Part) -> None:
         """Persist a part's progress (temp + rename, so a crash never leaves half a state)."""
@@ -174,24 +182,30 @@ class OrderedHasher:
 
     def run(self) -> tuple[Digest, int] | None:
         """The digest and size of the whole file, or None when stopped first."""
+        with open(self.path, "rb", buffering=0) as fh, \
+                ThreadPoolExecutor(1, thread_name_prefix="ferry-flush") as flusher:
+            return self._hash(fh.fileno(), flusher)
+
+    def _hash(self, fd: int, flusher: ThreadPoolExecutor) -> tuple[Digest, int] | None:
         hasher = Hasher()
         flushed = 0
-        with open(self.path, "rb", buffering=0) as fh:
-            while hasher.size < self.total:
-                if hasher.size - flushed >= _FLUSH_EVERY:
-                    # Push hashed bytes to disk as we go, so the fsync before the rename does
-                    # not write the whole blob at the end (it overlaps the download instead).
-                    os.fdatasync(fh.fileno())
-                    flushed = hasher.size
-                if self._stopped:
-                    return None
-                ready = self.available() - hasher.size
-                if ready <= 0:
-                    self._event.wait(0.05)
-                    self._event.clear()
-                    continue
-                chunk = os.pread(fh.fileno(), min(ready, _HASH_READ), hasher.size)
-                if not chunk:
-                    return None
-                hasher.update(chunk)
+        flushing: Future[None] | None = None
+        while hasher.size < self.total:
+            if hasher.size - flushed >= _FLUSH_EVERY and (flushing is None or flushing.done()):
+                # Push hashed bytes to disk as we go, on a thread of its own, so the fsync
+                # before the rename does not write the whole blob at the end and the disk
+                # works while this thread hashes (their sum would bound the pull, not the max).
+                flushing = flusher.submit(os.fdatasync, fd)
+                flushed = hasher.size
+            if self._stopped:
+                return None
+            ready = self.available() - hasher.size
+            if ready <= 0:
+                self._event.wait(0.05)
+                self._event.clear()
+                continue
+            chunk = os.pread(fd, min(ready, _HASH_READ), hasher.size)
+            if not chunk:
+                return None
+            hasher.update(chunk)
         return hasher.digest(), hasher.size

@@ -1,12 +1,12 @@
 """Pull: manifest, then every missing blob in parallel Range parts, verified, manifest last.
 
 Blobs already in the store are skipped. A small blob (<= 4 MiB) is fetched whole into memory
-and written once. A larger one is split into parts (size/16 clamped to [100 MB, 1000 MB])
-fetched with `Range` into its `-partial` file; all blobs and parts share one bound of
-`max_streams` concurrent bodies. Progress is checkpointed per part, so a pull that
-is cancelled, killed or cut off resumes from what is on disk. A blob gets its final name only
-after its sha256 and size match; the manifest is written last, atomically; then the blobs only
-the replaced manifest used are removed (unless noprune).
+and written once. A larger one is split into parts (size/64 clamped to [16 MB, 256 MB], small
+so the in-order hasher stays close behind) fetched with `Range` into its `-partial` file; all
+blobs and parts share one bound of `max_streams` concurrent bodies. Progress is checkpointed
+per part, so a pull that is cancelled, killed or cut off resumes from what is on disk. A blob
+gets its final name only after its sha256 and size match; the manifest is written last,
+atomically; then the blobs only the replaced manifest used are removed (unless noprune).
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ class BlobPull:
         self.parts = [part]
         self._progress(force=True)
         data = await self.client.options.retry.run(self.status, lambda _n: self._get_small())
-        await asyncio.to_thread(self.store.write_blob_bytes, data, self.desc.digest)
+        await asyncio.to_thread(self._write_small, data)
         part.completed = part.size
         self._progress(force=True)
 
@@ -254,6 +254,9 @@ class BlobPull:
                             "early")
         return bytes(body)
 
+    def _write_small(self, data: bytes) -> None:
+        self.store.blob_writer(self.desc.digest, self.desc.size).write_all(data)
+
     def _already_present(self) -> bool:
         path = self.store.blob_path(self.desc.digest)
         try:
@@ -267,7 +270,7 @@ class BlobPull:
             partial.remove()
             raise DigestMismatch(str(self.desc.digest), str(digest))
         partial.finish()
-        self.store.publish_blob(partial.path, self.desc.digest)
+        self.store.adopt_blob(partial.path, self.desc.digest)
 
     async def _fetch_part(self, partial: PartialBlob, part: Part) -> None:
         async def attempt(_n: int) -> None:
@@ -295,27 +298,29 @@ class BlobPull:
 
     async def _copy_body(self, response: httpx.Response, partial: PartialBlob,
                          part: Part) -> None:
-        buffer = bytearray()
-        since_checkpoint = 0
+        # Chunks are gathered, not concatenated: one pwritev per batch, no copy on the loop.
+        batch: list[bytes] = []
+        batched = since_checkpoint = 0
         checkpoint = self.client.options.checkpoint_bytes
         try:
             async for chunk in response.aiter_raw():
-                if len(buffer) + len(chunk) > part.remaining:
+                if batched + len(chunk) > part.remaining:
                     raise TransferError(f"{self.status}: the registry sent more bytes than asked")
-                buffer += chunk
-                if len(buffer) >= _WRITE_BATCH:
-                    await asyncio.to_thread(partial.write, buffer, part.next_byte)
-                    part.completed += len(buffer)
-                    since_checkpoint += len(buffer)
-                    buffer = bytearray()
+                batch.append(chunk)
+                batched += len(chunk)
+                if batched >= _WRITE_BATCH:
+                    await asyncio.to_thread(partial.write, batch, part.next_byte)
+                    part.completed += batched
+                    since_checkpoint += batched
+                    batch, batched = [], 0
                     self._after_write()
                     if since_checkpoint >= checkpoint:
                         await asyncio.to_thread(partial.save, part)
                         since_checkpoint = 0
         finally:
-            if buffer:  # also on cancel: keep what arrived, so a resume does not refetch it
-                partial.write(buffer, part.next_byte)
-                part.completed += len(buffer)
+            if batch:  # also on cancel: keep what arrived, so a resume does not refetch it
+                partial.write(batch, part.next_byte)
+                part.completed += batched
                 self._after_write()
 
     def _after_write(self) -> None:

@@ -33,7 +33,7 @@ def test_reader_matches_the_reference_reader_and_omits_big_and_non_finite(tmp_pa
 
 def test_metadata_is_written_once_per_blob_and_removed_with_it(store, tmp_path):
     data = write_gguf(tmp_path / "m.gguf").read_bytes()
-    digest = store.write_blob_bytes(data)
+    digest = store.blob_writer().write_all(data)
     document = ensure_metadata(store, digest)
     path = store.metadata_path(digest)
     assert path.is_file() and set(document) == {"kv", "omitted"}

@@ -32,8 +32,8 @@ def _files(root: Path) -> list[str]:
 def _model(store: Store, name: str, *layers: bytes, config: bytes = b"{}") -> bytes:
     """Write blobs and a manifest through the store; return the manifest bytes."""
     config_desc = Descriptor("application/vnd.docker.container.image.v1+json",
-                             store.write_blob_bytes(config), len(config))
-    descs = [Descriptor("application/vnd.ollama.image.tensor", store.write_blob_bytes(data),
+                             store.blob_writer().write_all(config), len(config))
+    descs = [Descriptor("application/vnd.ollama.image.tensor", store.blob_writer().write_all(data),
                         len(data)) for data in layers]
     raw = build_manifest(config_desc, descs)
     store.write_manifest(Name.parse_valid(name), raw)
@@ -43,7 +43,7 @@ def _model(store: Store, name: str, *layers: bytes, config: bytes = b"{}") -> by
 # -- blobs ---------------------------------------------------------------------------------------
 
 def test_write_blob_publishes_under_the_digest_with_mode_0644(store):
-    digest = store.write_blob_bytes(b"hello", Digest.of(b"hello"))
+    digest = store.blob_writer(Digest.of(b"hello")).write_all(b"hello")
     path = store.blob_path(digest)
     assert path.name == f"sha256-{hashlib.sha256(b'hello').hexdigest()}"
     assert path.read_bytes() == b"hello" and oct(path.stat().st_mode & 0o777) == "0o644"
@@ -52,14 +52,14 @@ def test_write_blob_publishes_under_the_digest_with_mode_0644(store):
 
 def test_digest_mismatch_leaves_nothing(store):
     with pytest.raises(DigestMismatch) as info:
-        store.write_blob_bytes(b"actual", Digest.of(b"expected"))
+        store.blob_writer(Digest.of(b"expected")).write_all(b"actual")
     assert info.value.actual == str(Digest.of(b"actual"))
     assert _files(store.blobs_dir) == []
 
 
 def test_size_mismatch_leaves_nothing(store):
     with pytest.raises(SizeMismatch):
-        store.write_blob_iter([b"abc"], Digest.of(b"abc"), expected_size=4)
+        store.blob_writer(Digest.of(b"abc"), expected_size=4).write_all([b"abc"])
     assert _files(store.blobs_dir) == []
 
 
@@ -69,7 +69,7 @@ async def test_async_write_blob_removes_its_temp_file_when_the_stream_fails(stor
         raise ConnectionResetError("client went away")
 
     with pytest.raises(ConnectionResetError):
-        await store.write_blob(broken(), Digest.of(b"whatever"))
+        await store.blob_writer(Digest.of(b"whatever")).write_stream(broken())
     assert _files(store.blobs_dir) == []
 
     async def chunks():
@@ -77,8 +77,46 @@ async def test_async_write_blob_removes_its_temp_file_when_the_stream_fails(stor
             await asyncio.sleep(0)
             yield part
 
-    digest = await store.write_blob(chunks(), Digest.of(b"a" * 700_000 + b"b" * 700_000))
+    expected = Digest.of(b"a" * 700_000 + b"b" * 700_000)
+    digest = await store.blob_writer(expected).write_stream(chunks())
     assert store.blob_size(digest) == 1_400_000
+
+
+def test_adopt_blob_publishes_a_verified_temp_file_under_its_digest(store):
+    from registry.blob_writer import temp_path
+
+    store.blobs_dir.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(store.blobs_dir)
+    tmp.write_bytes(b"verified elsewhere")
+    digest = Digest.of(b"verified elsewhere")
+    path = store.adopt_blob(tmp, digest)
+    assert path == store.blob_path(digest) and not tmp.exists()
+    assert store.read_blob(digest) == b"verified elsewhere"
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_committed_writer_is_done_and_a_second_one_can_replace_the_same_blob(store):
+    first = store.blob_writer()
+    first.write_all(b"same")
+    assert first.done
+    assert store.blob_writer().write_all(b"same") == Digest.of(b"same")
+    assert _files(store.blobs_dir) == [Digest.of(b"same").filename]
+
+
+def test_a_large_blob_is_flushed_while_it_is_written_not_only_at_commit(store, monkeypatch):
+    import registry.blob_writer as blob_writer
+
+    monkeypatch.setattr(blob_writer, "_SYNC_EVERY", 1024 * 1024)
+    synced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real(fd))[1])
+    writer = store.blob_writer()
+    for _ in range(6):
+        writer.write(os.urandom(1024 * 1024))
+    assert synced  # before commit: durability overlaps the transfer
+    digest = writer.commit()
+    assert store.blob_size(digest) == 6 * 1024 * 1024 and _files(store.blobs_dir) == [
+        digest.filename]
 
 
 def test_a_killed_writer_leaves_only_a_temp_name_that_prune_sweeps(store):
@@ -117,7 +155,7 @@ def test_missing_blobs_raise_not_found(store):
 
 def test_a_manifest_referencing_a_missing_blob_is_refused_and_nothing_is_written(store):
     config = Descriptor("application/vnd.docker.container.image.v1+json",
-                        store.write_blob_bytes(b"{}"), 2)
+                        store.blob_writer().write_all(b"{}"), 2)
     missing = Descriptor("application/vnd.ollama.image.tensor", Digest.of(b"nope"), 4)
     with pytest.raises(InvalidManifest, match=str(missing.digest)):
         store.write_manifest(Name.parse_valid("m"), build_manifest(config, [missing]))
@@ -148,7 +186,7 @@ def test_delete_keeps_blobs_other_manifests_use_as_config_or_layer(store):
     _model(store, "b", b"shared-layer", config=shared_config)
     # c uses a's config bytes as a *layer*: refcounting must look at both roles.
     config_desc = Descriptor("application/vnd.docker.container.image.v1+json",
-                             store.write_blob_bytes(b"{}"), 2)
+                             store.blob_writer().write_all(b"{}"), 2)
     as_layer = Descriptor("application/vnd.ollama.image.json", Digest.of(shared_config),
                           len(shared_config))
     store.write_manifest(Name.parse_valid("c"), build_manifest(config_desc, [as_layer]))
@@ -180,8 +218,8 @@ def test_delete_removes_the_metadata_file_with_its_blob(store):
 
 def test_prune_removes_old_leftovers_and_unreferenced_blobs_but_not_young_ones(store):
     _model(store, "m", b"used")
-    orphan = store.write_blob_bytes(b"orphan")
-    young_orphan = store.write_blob_bytes(b"young orphan")
+    orphan = store.blob_writer().write_all(b"orphan")
+    young_orphan = store.blob_writer().write_all(b"young orphan")
     hexdigest = "f" * 64
     partial = store.blobs_dir / f"sha256-{hexdigest}-partial"
     part_state = store.blobs_dir / f"sha256-{hexdigest}-partial-0"
@@ -240,7 +278,7 @@ def test_an_ollama_written_models_dir_lists_shows_and_deletes(settings):
 def test_prune_removes_old_create_staging_dirs_and_metadata_temp_files(store):
     from workflows.create.stage import STAGE_PREFIX  # the name create really stages under
 
-    blob = store.write_blob_bytes(b"weights")
+    blob = store.blob_writer().write_all(b"weights")
     crashed = store.root / f"{STAGE_PREFIX}0123456789abcdef"
     (crashed / "sub").mkdir(parents=True)
     os.link(store.blob_path(blob), crashed / "sub" / "model.safetensors")

@@ -41,7 +41,7 @@ def gguf_model(model_store, make_checkpoint, tmp_path_factory):
         if key not in _made:
             out = tmp_path_factory.mktemp("gguf") / f"{arch}-{qtype}.gguf"
             path = export_gguf(Path(make_checkpoint(arch)), out, qtype)
-            digest = model_store.write_blob_bytes(path.read_bytes())
+            digest = model_store.blob_writer().write_all(path.read_bytes())
             name = f"test/gguf-{arch}-{qtype.lower()}"
             create(Name.parse(name), GGUFFiles({path.name: digest}), CreateOptions(),
                    model_store, lambda event: None, threading.Event())
@@ -141,7 +141,7 @@ def test_q4_0_stays_quantized_at_group_size_32(model_store, gguf_model):
 
 
 def _create_raw(store, raw: bytes, name: str) -> str:
-    digest = store.write_blob_bytes(raw)
+    digest = store.blob_writer().write_all(raw)
     create(Name.parse(name), GGUFFiles({"m.gguf": digest}), CreateOptions(), store,
            lambda event: None, threading.Event())
     return name

@@ -68,7 +68,7 @@ def test_runner_process_reports_status_and_compute_path(runner_url):
     _, status, name = runner_url
     assert status["model"] == name
     assert status["context_length"] == 2048
-    assert status["compute"] == "float32"  # auto on a CPU: dense float32 path
+    assert status["compute"] == "fused"  # auto on a CPU, int4 model: packed weights, fused kernel
     assert status["memory"]["rss"] > status["memory"]["weights"] > 0
     assert status["progress"] == 1.0
     if sys.platform.startswith("linux") and Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/"

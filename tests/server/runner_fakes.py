@@ -26,9 +26,9 @@ def fake_command(*extra: str) -> Callable[[str, int], list[str]]:
 def add_model(store: Store, text: str, tensor_bytes: int = 1024) -> Name:
     """A manifest with one tensor layer of `tensor_bytes`, enough for the scheduler's sizing."""
     config = json.dumps({"model_format": "safetensors"}).encode()
-    cfg = Descriptor(mt.DOCKER_CONFIG, store.write_blob_bytes(config), len(config))
+    cfg = Descriptor(mt.DOCKER_CONFIG, store.blob_writer().write_all(config), len(config))
     data = os.urandom(tensor_bytes)
-    layer = Descriptor(mt.TENSOR, store.write_blob_bytes(data), len(data), name="w")
+    layer = Descriptor(mt.TENSOR, store.blob_writer().write_all(data), len(data), name="w")
     name = Name.parse_valid(text)
     store.write_manifest(name, build_manifest(cfg, [layer]))
     return name

@@ -17,7 +17,7 @@ OPTIONS = {"temperature": 0, "num_predict": 6}
 
 
 def _create(url: str, store, path: Path, name: str) -> None:
-    digest = store.write_blob_bytes(path.read_bytes())
+    digest = store.blob_writer().write_all(path.read_bytes())
     resp = httpx.post(f"{url}/api/create", timeout=60, json={
         "model": name, "files": {path.name: str(digest)}, "stream": False})
     assert resp.json() == {"status": "success"}, resp.text
@@ -53,7 +53,7 @@ def test_created_gguf_generates_and_chats(model_server, store, make_checkpoint, 
 def test_gguf_without_tokenizer_is_refused_at_create(model_server, store, make_checkpoint,
                                                      tmp_path):
     path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "bare.gguf", tokenizer=False)
-    digest = store.write_blob_bytes(path.read_bytes())
+    digest = store.blob_writer().write_all(path.read_bytes())
     resp = httpx.post(f"{model_server}/api/create", timeout=60, json={
         "model": "me/bare", "files": {path.name: str(digest)}, "stream": False})
     assert resp.status_code == 400

@@ -12,13 +12,13 @@ before a cancel or an error still become blobs, for a retry to reuse.
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from registry.blob_writer import fsync_dir, temp_path
 from registry.digests import Digest, Hasher
-from registry.store import TMP_PREFIX, Store, fsync_dir
+from registry.store import Store
 
 MAX_IN_FLIGHT = 4
 
@@ -41,7 +41,7 @@ class BlobBatch:
         return future
 
     def _write(self, chunks: Iterable[bytes | memoryview]) -> tuple[Path, Digest, int]:
-        tmp = self.store.blobs_dir / f"{TMP_PREFIX}{secrets.token_hex(8)}"
+        tmp = temp_path(self.store.blobs_dir)
         hasher = Hasher()
         try:
             with open(tmp, "wb") as fh:
@@ -62,7 +62,7 @@ class BlobBatch:
         for future in self._futures:
             if future.exception() is None:
                 tmp, digest, _ = future.result()
-                self.store.publish_blob(tmp, digest, sync_dir=False)
+                self.store.adopt_blob(tmp, digest, sync_dir=False)
                 published = True
         if published:
             fsync_dir(self.store.blobs_dir)

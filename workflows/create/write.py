@@ -194,11 +194,11 @@ def _array_part(key: str, array: Any) -> Part:
 def write_file_layer(store: Store, path: Any, name: str | None, media_type: str) -> Descriptor:
     """A staged file as a layer (JSON files keep their relative path as the name)."""
     with open(path, "rb") as fh:
-        digest = store.write_blob_iter(iter(lambda: fh.read(CHUNK_BYTES), b""))
+        digest = store.blob_writer().write_all(iter(lambda: fh.read(CHUNK_BYTES), b""))
     return Descriptor(media_type, digest, store.blob_size(digest), name=name)
 
 
 def write_bytes_layer(store: Store, data: bytes, media_type: str,
                       name: str | None = None) -> Descriptor:
-    digest: Digest = store.write_blob_bytes(data)
+    digest: Digest = store.blob_writer().write_all(data)
     return Descriptor(media_type, digest, len(data), name=name)

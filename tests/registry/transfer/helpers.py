@@ -62,10 +62,10 @@ def make_model(store: Store, name: str, sizes: Sequence[int], seed: int = 0) -> 
     layers = []
     for i, size in enumerate(sizes):
         data = _random_bytes(size, seed * 1000 + i)
-        digest = store.write_blob_bytes(data)
+        digest = store.blob_writer().write_all(data)
         layers.append(Descriptor(mt.MODEL if i == 0 else mt.TENSOR, digest, size))
     config_bytes = f'{{"model_format":"gguf","seed":{seed}}}'.encode()
-    config = Descriptor(mt.DOCKER_CONFIG, store.write_blob_bytes(config_bytes),
+    config = Descriptor(mt.DOCKER_CONFIG, store.blob_writer().write_all(config_bytes),
                         len(config_bytes))
     raw = build_manifest(config, layers)
     store.write_manifest(Name.parse_valid(name), raw)

@@ -157,7 +157,7 @@ async def test_push_mounts_layers_that_name_their_source_with_from(
         await push(first, source, fast_options(tmp_path / "p", insecure=True), lambda e: None)
         manifest = parse_manifest(raw)
         for desc in manifest.references():
-            target.write_blob_bytes(source.read_blob(desc.digest), desc.digest)
+            target.blob_writer(desc.digest).write_all(source.read_blob(desc.digest))
         layers = [dataclasses.replace(d, from_=first) for d in manifest.layers]
         third = f"{host}/ns/third:v1"
         assert manifest.config is not None

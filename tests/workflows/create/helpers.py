@@ -16,7 +16,7 @@ def upload_dir(store: Store, directory: Path, skip: tuple[str, ...] = ()) -> dic
     files = {}
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.name not in skip:
-            files[path.name] = str(store.write_blob_bytes(path.read_bytes()))
+            files[path.name] = str(store.blob_writer().write_all(path.read_bytes()))
     return files
 
 

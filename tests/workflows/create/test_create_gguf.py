@@ -18,7 +18,7 @@ def _post(url: str, body: dict) -> httpx.Response:
 
 
 def test_gguf_is_wrapped_with_its_digest_and_metadata(model_server, store, tmp_path):
-    digest = store.write_blob_bytes(write_gguf(tmp_path / "m.gguf").read_bytes())
+    digest = store.blob_writer().write_all(write_gguf(tmp_path / "m.gguf").read_bytes())
     resp = _post(model_server, {"model": "me/g", "files": {"m.gguf": str(digest)},
                                 "system": "hi"})
     assert resp.json() == {"status": "success"}
@@ -38,7 +38,7 @@ def test_gguf_is_wrapped_with_its_digest_and_metadata(model_server, store, tmp_p
 
 
 def test_gguf_detected_by_magic_without_extension(model_server, store, tmp_path):
-    digest = store.write_blob_bytes(write_gguf(tmp_path / "m.gguf").read_bytes())
+    digest = store.blob_writer().write_all(write_gguf(tmp_path / "m.gguf").read_bytes())
     resp = _post(model_server, {"model": "me/g", "files": {"weights": str(digest)}})
     assert resp.status_code == 200
     manifest, _ = read_model(store, "me/g")
@@ -46,7 +46,7 @@ def test_gguf_detected_by_magic_without_extension(model_server, store, tmp_path)
 
 
 def test_quantize_with_gguf_is_refused(model_server, store, tmp_path):
-    digest = store.write_blob_bytes(write_gguf(tmp_path / "m.gguf").read_bytes())
+    digest = store.blob_writer().write_all(write_gguf(tmp_path / "m.gguf").read_bytes())
     resp = _post(model_server, {"model": "me/g", "files": {"m.gguf": str(digest)},
                                 "quantize": "int4"})
     assert resp.status_code == 400
@@ -55,7 +55,7 @@ def test_quantize_with_gguf_is_refused(model_server, store, tmp_path):
 
 
 def test_mixed_gguf_and_safetensors_is_refused(model_server, store, tmp_path):
-    digest = str(store.write_blob_bytes(write_gguf(tmp_path / "m.gguf").read_bytes()))
+    digest = str(store.blob_writer().write_all(write_gguf(tmp_path / "m.gguf").read_bytes()))
     resp = _post(model_server, {"model": "me/g", "files": {"m.gguf": digest,
                                                           "model.safetensors": digest}})
     assert resp.status_code == 400 and "mixed model file types" in resp.json()["error"]
@@ -65,7 +65,7 @@ def test_split_gguf_parts_are_merged_into_one_model_layer(model_server, store, t
     write_gguf(tmp_path / "split" / "m.gguf", split_max_tensors=2, tensors=5)
     parts = sorted((tmp_path / "split").iterdir())
     assert len(parts) == 3
-    files = {p.name: str(store.write_blob_bytes(p.read_bytes())) for p in parts}
+    files = {p.name: str(store.blob_writer().write_all(p.read_bytes())) for p in parts}
     assert _post(model_server, {"model": "me/split", "files": files}).status_code == 200
     manifest, config = read_model(store, "me/split")
     assert [x["mediaType"] for x in manifest["layers"]] == [mt.MODEL]
@@ -83,14 +83,14 @@ def test_split_gguf_parts_are_merged_into_one_model_layer(model_server, store, t
 def test_split_gguf_with_a_missing_part_is_refused(model_server, store, tmp_path):
     write_gguf(tmp_path / "split" / "m.gguf", split_max_tensors=2, tensors=5)
     parts = sorted((tmp_path / "split").iterdir())[:2]
-    files = {p.name: str(store.write_blob_bytes(p.read_bytes())) for p in parts}
+    files = {p.name: str(store.blob_writer().write_all(p.read_bytes())) for p in parts}
     resp = _post(model_server, {"model": "me/split", "files": files})
     assert resp.status_code == 400 and "needs parts 1..3" in resp.json()["error"]
 
 
 def test_truncated_gguf_is_refused_with_400(model_server, store, tmp_path):
     raw = write_gguf(tmp_path / "m.gguf").read_bytes()
-    digest = store.write_blob_bytes(raw[:-40])
+    digest = store.blob_writer().write_all(raw[:-40])
     resp = _post(model_server, {"model": "me/cut", "files": {"m.gguf": str(digest)}})
     assert resp.status_code == 400
     assert "truncated GGUF: tensor blk.2.weight runs past the end" in resp.json()["error"]
