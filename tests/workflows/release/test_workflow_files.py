@@ -80,3 +80,16 @@ def test_k8s_manifests_pair_each_deployment_with_a_service_and_a_claim():
         assert pod["containers"][0]["ports"][0]["containerPort"] == port
         assert kinds["Service"]["spec"]["selector"] == \
             kinds["Deployment"]["spec"]["selector"]["matchLabels"]
+
+
+def test_the_image_copies_every_package_the_wheel_installs():
+    """A package left out of the image (or its build context) breaks `ferry` at import."""
+    import tomllib
+
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = [p.rstrip("*") for p in find["packages"]["find"]["include"]]
+    dockerfile = (REPO / "infra" / "Dockerfile").read_text()
+    context = (REPO / "infra" / "Dockerfile.dockerignore").read_text().splitlines()
+    for package in packages:
+        assert f"COPY {package} ./{package}" in dockerfile, package
+        assert f"!{package}/**" in context, package
