@@ -243,11 +243,19 @@ async def _sse(base: dict[str, Any], first: Item | None, rest: AsyncIterator[Ite
                 yield event([choice({"role": "assistant", "content": item})])
             item = await anext(rest, None)
     except (FerryError, OSError) as exc:
-        error = {"error": {"message": error_message(exc), "type": "api_error"}}
-        yield f"data: {json.dumps(error)}\n\n".encode()
+        yield sse_error(exc)
     finally:
         await rest.aclose()  # type: ignore[attr-defined]
-    yield b"data: [DONE]\n\n"
+    yield SSE_DONE
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_error(exc: BaseException) -> bytes:
+    """An error after the stream began: OpenAI's error object as the last event."""
+    error = {"error": {"message": error_message(exc), "type": "api_error"}}
+    return f"data: {json.dumps(error)}\n\n".encode()
 
 
 @openai_errors

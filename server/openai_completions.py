@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from registry.errors import FerryError
-from server.api_errors import APIError, error_message, read_json
+from server.api_errors import APIError, read_json
 from server.chat_api import generate_runner_body
 from server.chat_request import ModelDefaults, load_model_defaults, parse_name, refuse_unsupported
 from server.completion import (
@@ -34,7 +34,7 @@ from server.completion import (
     run_completion,
     start_stream,
 )
-from server.openai_api import FINISH, openai_errors
+from server.openai_api import FINISH, SSE_DONE, openai_errors, sse_error
 
 _OPTIONS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed"}
 
@@ -153,11 +153,10 @@ async def _sse(base: dict[str, Any], first: Any, rest: AsyncIterator[Any],
                 offset, pending = offset + len(item), []
             item = await anext(rest, None)
     except (FerryError, OSError) as exc:
-        error = {"error": {"message": error_message(exc), "type": "api_error"}}
-        yield f"data: {json.dumps(error)}\n\n".encode()
+        yield sse_error(exc)
     finally:
         await rest.aclose()  # type: ignore[attr-defined]
-    yield b"data: [DONE]\n\n"
+    yield SSE_DONE
 
 
 routes = [Route("/v1/completions", completions, methods=["POST"])]

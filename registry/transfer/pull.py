@@ -22,7 +22,7 @@ import httpx
 
 from registry import media_types as mt
 from registry.digests import Digest
-from registry.errors import DigestMismatch, FerryError, InvalidManifest, NotFound, TooLarge
+from registry.errors import DigestMismatch, FerryError, InvalidManifest, NotFound
 from registry.manifests import Descriptor, Manifest, parse_manifest
 from registry.names import Name
 from registry.store import Store
@@ -160,19 +160,11 @@ async def _fetch_manifest(client: RegistryClient, name: Name) -> Manifest:
 async def _get_manifest(client: RegistryClient, reference: str) -> tuple[bytes, str | None]:
     reply = await client.request("GET", client.url(f"manifests/{reference}"),
                                  headers={"Accept": mt.MANIFEST_ACCEPT})
-    limit = client.options.max_manifest_bytes
-    try:
-        body = bytearray()
-        async for chunk in reply.response.aiter_bytes():
-            body += chunk
-            if len(body) > limit:
-                raise TooLarge("manifest", limit, len(body))
-    finally:
-        await reply.aclose()
+    body = await reply.read_capped(client.options.max_manifest_bytes, "manifest")
     claimed = reply.response.headers.get("docker-content-digest")
-    if claimed and Digest.is_valid(claimed) and Digest.parse(claimed) != Digest.of(bytes(body)):
+    if claimed and Digest.is_valid(claimed) and Digest.parse(claimed) != Digest.of(body):
         raise InvalidManifest(f"Docker-Content-Digest {claimed} does not match the body")
-    return bytes(body), reply.response.headers.get("content-type")
+    return body, reply.response.headers.get("content-type")
 
 
 class BlobPull:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import httpcore._async.http11 as _http11
 import httpx
 
-from registry.errors import FerryError
+from registry.errors import FerryError, TooLarge
 from registry.transfer.errors import UpstreamError
 from registry.transfer.safe import HopChain, RedirectPolicy, check_hop
 
@@ -45,6 +45,19 @@ class Reply:
 
     async def aclose(self) -> None:
         await self.response.aclose()
+
+    async def read_capped(self, limit: int, what: str) -> bytes:
+        """The whole body, refused (TooLarge) as soon as it passes `limit`; closes the reply.
+        For manifests, which are read into memory: a lying server cannot make us hold more."""
+        body = bytearray()
+        try:
+            async for chunk in self.response.aiter_bytes():
+                body += chunk
+                if len(body) > limit:
+                    raise TooLarge(what, limit, len(body))
+        finally:
+            await self.aclose()
+        return bytes(body)
 
 
 def build_ssl_context(ca_file: str = "") -> ssl.SSLContext:

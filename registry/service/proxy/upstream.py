@@ -14,7 +14,7 @@ import httpx
 
 from registry import media_types as mt
 from registry.digests import Digest
-from registry.errors import InvalidManifest, TooLarge
+from registry.errors import InvalidManifest
 from registry.service.proxy.config import ProxyConfig, Upstream
 from registry.transfer.auth import Authenticator
 from registry.transfer.client import send_authorized
@@ -78,20 +78,13 @@ class UpstreamClient:
         match the body is a lie and fails (InvalidManifest)."""
         reply = await self.request("GET", repo, f"manifests/{reference}",
                                    {"Accept": mt.MANIFEST_ACCEPT})
-        body = bytearray()
-        try:
-            async for chunk in reply.response.aiter_bytes():
-                body += chunk
-                if len(body) > limit:
-                    raise TooLarge("manifest", limit, len(body))
-        finally:
-            await reply.aclose()
-        digest = Digest.of(bytes(body))
+        body = await reply.read_capped(limit, "manifest")
+        digest = Digest.of(body)
         claimed = reply.response.headers.get("docker-content-digest")
         if claimed and (not Digest.is_valid(claimed) or Digest.parse(claimed) != digest):
             raise InvalidManifest(f"the upstream's Docker-Content-Digest {claimed} does not "
                                   f"match the manifest it sent ({digest})")
-        return FetchedManifest(bytes(body), reply.response.headers.get("content-type"), digest)
+        return FetchedManifest(body, reply.response.headers.get("content-type"), digest)
 
     async def open_blob(self, repo: str, digest: Digest, offset: int) -> Reply:
         """GET the blob from `offset` (a Range when > 0); the caller reads and closes it."""
