@@ -9,9 +9,10 @@ itself) and streams one /v1/completions request with a raw 512-token prompt and 
 tokens; prefill and decode tok/s come from the runner's own prompt_eval/eval durations, so
 HTTP time is not counted. mlx-lm then runs in its own process on the same checkpoint (for int4,
 `mlx_lm.convert -q --q-bits 4 --q-group-size 64` of it), through `stream_generate`, with its
-own prompt/generation tok/s. Both get one warm-up request first. Peak RSS is each process's
-ru_maxrss, read when it exits (os.wait4). The machine may be shared: the two sides run back to
-back per row so they see the same load.
+own prompt/generation tok/s. Both get one warm-up request first. Peak RSS is the runner's
+VmHWM (see `vm_hwm`) and mlx-lm's ru_maxrss, which also holds this script's peak at the spawn
+(so mlx-lm's rows can read high when this process is large). The machine may be shared: the
+two sides run back to back per row so they see the same load.
 
 mlx-lm's quantized CPU kernels run at ~0.2 GFLOP/s, so a 512-token prefill of a quantized model
 would take many minutes; for quantized rows mlx-lm gets a --ref-quant-prompt-tokens prompt and
@@ -127,14 +128,31 @@ def run_ferry(workdir: Path, name: str, prompt: str, gen: int, compute: str) -> 
         status = _wait_ready(url, process)
         _complete(url, prompt[:200], 4)  # warm-up
         final = _complete(url, prompt, gen)
+        peak = vm_hwm(process.pid)
     finally:
         process.terminate()
     result = {"prompt_tokens": final["prompt_eval_count"], "gen_tokens": final["eval_count"],
               "prefill": final["prompt_eval_count"] / final["prompt_eval_duration"] * 1e9,
               "decode": final["eval_count"] / max(final["eval_duration"], 1) * 1e9,
               "compute": f"{status['compute']}+{status.get('blas', '?')}"}
-    result["rss"] = wait_exit(process)
+    exited = wait_exit(process)
+    result["rss"] = peak or exited
     return result
+
+
+def vm_hwm(pid: int) -> int:
+    """A live process's peak RSS (bytes) from /proc, 0 where unavailable. Unlike ru_maxrss
+    it counts only the process's own memory: a child spawned by a large parent (this script,
+    after building a checkpoint) starts with the parent's peak in ru_maxrss (Linux folds the
+    pre-exec address space's high-water mark into it), which made small models look 5-10x
+    their size."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _wait_ready(url: str, process: subprocess.Popen) -> dict:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -195,6 +195,8 @@ def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
             raise GGUFLoadError(f"GGUF tensor {tensor.name} has shape {list(shape)} but the "
                                 f"metadata implies {list(want)}")
         parts, qtype = convert_tensor(tensor, shape, compute)
+        mx.eval(*parts.values())
+        mx.clear_cache()
         module_name = name.rsplit(".", 1)[0]
         if qtype is None:
             weights[name] = parts["weight"]
@@ -264,16 +266,31 @@ def _dense(data: np.ndarray, kind: T, shape: tuple[int, ...]) -> mx.array:
 
 def _in_slabs(data: np.ndarray, shape: tuple[int, ...],
               repack: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, mx.array]:
-    """Repack `data` ([rows, bytes per row]) a slab of rows at a time into preallocated arrays,
-    so the unpacked temporaries of a large tensor never exist all at once."""
+    """Repack `data` ([rows, bytes per row]) a slab of rows at a time, so the unpacked
+    temporaries of a large tensor never exist all at once."""
     step = max(1, REQUANT_SLAB_VALUES // shape[-1])
-    out: dict[str, np.ndarray] = {}
-    for start in range(0, data.shape[0], step):
-        for key, value in repack(data[start:start + step]).items():
+    slabs = ({k: mx.array(v) for k, v in repack(data[start:start + step]).items()}
+             for start in range(0, data.shape[0], step))
+    return _assembled(slabs, data.shape[0], shape)
+
+
+def _assembled(slabs: Iterator[dict[str, mx.array]], rows: int,
+               shape: tuple[int, ...]) -> dict[str, mx.array]:
+    """Slabs of rows written in place into one MLX array per part, each slab evaluated and
+    freed before the next is made: the tensor exists once, not as slabs plus their
+    concatenation (nor as a NumPy copy beside the MLX one)."""
+    out: dict[str, mx.array] = {}
+    start = 0
+    for slab in slabs:
+        length = 0
+        for key, value in slab.items():
             if key not in out:
-                out[key] = np.empty((data.shape[0], value.shape[1]), value.dtype)
+                out[key] = mx.zeros((rows, value.shape[1]), value.dtype)
             out[key][start:start + len(value)] = value
-    return {key: mx.array(value.reshape(*shape[:-1], -1)) for key, value in out.items()}
+            length = len(value)
+        mx.eval(*out.values())
+        start += length
+    return {key: value.reshape(*shape[:-1], -1) for key, value in out.items()}
 
 
 def _repack_q8_0(data: np.ndarray) -> dict[str, np.ndarray]:
@@ -329,12 +346,12 @@ def _requantize(data: np.ndarray, kind: T, shape: tuple[int, ...]
     no float copy of a whole tensor (an output head is the size of the vocabulary) is held."""
     bits = _REQUANT_BITS[kind]
     step = max(1, REQUANT_SLAB_VALUES // shape[-1])
-    slabs = []
-    for start in range(0, data.shape[0], step):
-        dense = mx.array(gguf.quants.dequantize(data[start:start + step], kind))
-        slabs.append(mx.quantize(dense.astype(mx.float16), group_size=QK, bits=bits))
-        mx.eval(*slabs[-1])
-    parts = {key: mx.concatenate([slab[i] for slab in slabs]).reshape(*shape[:-1], -1)
-             for i, key in enumerate(("weight", "scales", "biases"))}
-    mx.eval(*parts.values())
+
+    def slabs() -> Iterator[dict[str, mx.array]]:
+        for start in range(0, data.shape[0], step):
+            dense = mx.array(gguf.quants.dequantize(data[start:start + step], kind))
+            parts = mx.quantize(dense.astype(mx.float16), group_size=QK, bits=bits)
+            yield dict(zip(("weight", "scales", "biases"), parts, strict=True))
+
+    parts = _assembled(slabs(), data.shape[0], shape)
     return parts, QuantType(f"{kind.name.lower()}-as-int{bits}", bits, QK, "affine")

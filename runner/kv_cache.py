@@ -118,9 +118,16 @@ class RecurrentCache:
 
 
 class SlidingWindowCache:
-    """Keys and values of the last `window` positions only (sliding-window attention). A query
-    at position p sees keys in (p - window, p]; `update_and_fetch` returns the kept keys with
-    the new ones and the position of the first, from which the layer builds its mask."""
+    """Keys and values of the last `window` positions only (sliding-window attention): a
+    layer's memory stays bounded by its window however long the sequence grows.
+
+    A query at position p sees keys in (p - window, p]. A chunk of several queries (prefill)
+    gets the kept keys followed by its own, in position order, with the position of the first,
+    from which the layer builds its mask; afterwards the last `window - 1` positions are kept
+    (all a later query can see besides itself), copied so the chunk's keys are freed. A single
+    query (decode) is written in place into a ring of `window` slots, so decode never copies
+    the window; every key it returns is visible to it, so it needs no mask and the ring's order
+    does not matter (RoPE is already applied)."""
 
     rewindable = False
 
@@ -129,31 +136,91 @@ class SlidingWindowCache:
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.offset = 0
+        self._size = 0  # positions held: [offset - size, offset)
+        self._start = 0  # ring slot of the oldest held position; 0 unless the ring is full
+        self._borrowed = False  # keys are a snapshot's arrays, never to be written into
 
     def update_and_fetch(self, keys: mx.array,
                          values: mx.array) -> tuple[mx.array, mx.array, int]:
-        if self.keys is not None and self.values is not None:
-            keys = mx.concatenate([self.keys, keys], axis=2)
-            values = mx.concatenate([self.values, values], axis=2)
-        first = self.offset - (0 if self.keys is None else self.keys.shape[2])
+        """The keys and values the new queries attend over, and the first one's position."""
+        if keys.shape[2] == 1:
+            return self._step(keys, values)
+        return self._chunk(keys, values)
+
+    def _chunk(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array, int]:
+        first = self.offset - self._size
+        if self._size:
+            kept_k, kept_v = self._ordered()
+            keys = mx.concatenate([kept_k, keys], axis=2)
+            values = mx.concatenate([kept_v, values], axis=2)
         self.offset = first + keys.shape[2]
         cut = keys.shape[2] - min(self.window - 1, keys.shape[2])
-        self.keys, self.values = keys[..., cut:, :], values[..., cut:, :]
+        self.keys = mx.contiguous(keys[..., cut:, :])
+        self.values = mx.contiguous(values[..., cut:, :])
+        self._size, self._start, self._borrowed = keys.shape[2] - cut, 0, False
         return keys, values, first
+
+    def _step(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array, int]:
+        if self.keys is None or self.keys.shape[2] < self.window or self._borrowed:
+            self._reserve(keys, values)
+        assert self.keys is not None and self.values is not None
+        full = self._size == self.window
+        slot = self._start if full else self._size
+        self.keys[..., slot:slot + 1, :] = keys
+        self.values[..., slot:slot + 1, :] = values
+        if full:
+            self._start = (self._start + 1) % self.window
+        else:
+            self._size += 1
+        self.offset += 1
+        held = self._size
+        return self.keys[..., :held, :], self.values[..., :held, :], self.offset - held
+
+    def _reserve(self, keys: mx.array, values: mx.array) -> None:
+        """The ring's `window` slots, the held positions first (in order)."""
+        batch, heads, _, k_dim = keys.shape
+        spare = self.window - self._size
+        new_k = mx.zeros((batch, heads, spare, k_dim), keys.dtype)
+        new_v = mx.zeros((batch, heads, spare, values.shape[3]), values.dtype)
+        if self._size:
+            kept_k, kept_v = self._ordered()
+            new_k = mx.concatenate([kept_k, new_k], axis=2)
+            new_v = mx.concatenate([kept_v, new_v], axis=2)
+        self.keys, self.values, self._start, self._borrowed = new_k, new_v, 0, False
+
+    def _ordered(self) -> tuple[mx.array, mx.array]:
+        """The held positions, oldest first."""
+        assert self.keys is not None and self.values is not None
+        if self._start == 0:
+            return self.keys[..., :self._size, :], self.values[..., :self._size, :]
+        s = self._start
+        return (mx.concatenate([self.keys[..., s:, :], self.keys[..., :s, :]], axis=2),
+                mx.concatenate([self.values[..., s:, :], self.values[..., :s, :]], axis=2))
 
     @property
     def state(self) -> list[mx.array]:
         return [a for a in (self.keys, self.values) if a is not None]
 
+    @property
+    def held(self) -> int:
+        """Positions kept (at most `window`)."""
+        return self._size
+
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.state)
 
     def snapshot(self) -> tuple[mx.array | None, mx.array | None, int]:
-        """Copied, as `RecurrentCache.snapshot`: the kept keys are a view of the last call's."""
-        return _copied(self.keys), _copied(self.values), self.offset
+        """The held positions in order, copied (the ring is written in place, and kept keys
+        may be a view of a larger buffer)."""
+        if not self._size:
+            return None, None, self.offset
+        keys, values = self._ordered()
+        return _copied(keys), _copied(values), self.offset
 
     def restore(self, snapshot: tuple[mx.array | None, mx.array | None, int]) -> None:
         self.keys, self.values, self.offset = snapshot
+        self._size = 0 if self.keys is None else self.keys.shape[2]
+        self._start, self._borrowed = 0, True
 
 
 Cache = KVCache | RecurrentCache | SlidingWindowCache

@@ -17,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from runner.kv_cache import KVCache
+from runner.kv_cache import Cache, KVCache, SlidingWindowCache
 from runner.nn import norm
 from runner.nn.attention import Attention
 from runner.nn.embedding import Embedding
@@ -122,7 +122,7 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(*norm)
         self.post_feedforward_layernorm = RMSNorm(*norm)
 
-    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+    def __call__(self, x: mx.array, cache: Cache | None) -> mx.array:
         h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
@@ -136,7 +136,7 @@ class Gemma3Model(nn.Module):
         # the scale is a bfloat16 constant in the reference implementation
         self.embed_scale = mx.array(args.hidden_size ** 0.5, mx.bfloat16).item()
 
-    def __call__(self, inputs: mx.array, cache: list[KVCache] | None) -> mx.array:
+    def __call__(self, inputs: mx.array, cache: list[Cache] | None) -> mx.array:
         h = self.embed_tokens(inputs)
         h = h * mx.array(self.embed_scale, h.dtype)
         for i, layer in enumerate(self.layers):
@@ -153,7 +153,7 @@ class LanguageModel(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
 
-    def __call__(self, inputs: mx.array, cache: list[KVCache] | None) -> mx.array:
+    def __call__(self, inputs: mx.array, cache: list[Cache] | None) -> mx.array:
         h = self.model(inputs, cache)
         return self.lm_head(h) if "lm_head" in self else self.model.embed_tokens.as_linear(h)
 
@@ -170,7 +170,7 @@ class Model(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
 
-    def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+    def __call__(self, inputs: mx.array, cache: list[Cache] | None = None) -> mx.array:
         if "language_model" in self:
             logits = self.language_model(inputs, cache)
         else:
@@ -179,6 +179,12 @@ class Model(nn.Module):
                       else self.model.embed_tokens.as_linear(h))
         cap = self.args.final_logit_softcapping
         return mx.tanh(logits / cap) * cap if cap else logits
+
+    def make_cache(self) -> list[Cache]:
+        """Local layers keep only their window; global layers the whole history."""
+        args = self.args
+        return [SlidingWindowCache(args.sliding_window) if args.is_sliding(i) else KVCache()
+                for i in range(args.num_hidden_layers)]
 
     @property
     def layers(self) -> list[DecoderLayer]:

@@ -11,7 +11,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from runner.kv_cache import KVCache
+from runner.kv_cache import Cache, KVCache, SlidingWindowCache
 from runner.nn.attention import Attention
 from runner.nn.embedding import Embedding
 from runner.nn.linear import Linear
@@ -72,7 +72,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+    def __call__(self, x: mx.array, cache: Cache | None) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -84,7 +84,7 @@ class MistralModel(nn.Module):
         self.layers = [DecoderLayer(args) for _ in range(args.num_hidden_layers)]
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def __call__(self, inputs: mx.array, cache: list[KVCache] | None) -> mx.array:
+    def __call__(self, inputs: mx.array, cache: list[Cache] | None) -> mx.array:
         h = self.embed_tokens(inputs)
         for i, layer in enumerate(self.layers):
             h = layer(h, cache[i] if cache is not None else None)
@@ -100,11 +100,19 @@ class Model(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
 
-    def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+    def __call__(self, inputs: mx.array, cache: list[Cache] | None = None) -> mx.array:
         h = self.model(inputs, cache)
         if "lm_head" in self:
             return self.lm_head(h)
         return self.model.embed_tokens.as_linear(h)
+
+    def make_cache(self) -> list[Cache]:
+        """With a sliding window every layer keeps only the window (memory bounded however
+        long the context); such caches cannot rewind, so speculative decoding steps aside."""
+        window = self.args.sliding_window
+        if window is None:
+            return [KVCache() for _ in self.layers]
+        return [SlidingWindowCache(window) for _ in self.layers]
 
     @property
     def layers(self) -> list[DecoderLayer]:

@@ -5,7 +5,8 @@ per-head `q_norm`/`k_norm` (Qwen3) are applied before RoPE. With a sliding `wind
 Gemma 3's local layers) each query sees only the last `window` positions, itself included.
 `mx.fast.scaled_dot_product_attention` broadcasts the KV heads over the query groups itself, so K
 and V are never repeated in memory, and its "causal" mask is aligned to the end of the history,
-which is what a cached prefill needs.
+which is what a cached prefill needs. A `SlidingWindowCache` keeps only the window and returns
+the position of its first key, from which `window_mask` places the chunk's mask.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from runner.kv_cache import KVCache
+from runner.kv_cache import Cache, SlidingWindowCache
 from runner.nn.linear import Linear
 from runner.nn.norm import RMSNorm
 from runner.nn.rope import RoPE
@@ -31,6 +32,19 @@ def attention_mask(offset: int, length: int, window: int | None) -> mx.array | s
     queries = mx.arange(offset, total)[:, None]
     keys = mx.arange(total)[None]
     return (keys <= queries) & (keys > queries - window)
+
+
+def window_mask(offset: int, length: int, first: int, keys: int,
+                window: int) -> mx.array | str | None:
+    """Mask for `length` queries after `offset` over `keys` kept keys from position `first`
+    (a sliding-window cache's). One query sees every key the cache returns."""
+    if length == 1:
+        return None
+    if first == 0 and offset + length <= window:
+        return "causal"
+    queries = mx.arange(offset, offset + length)[:, None]
+    positions = mx.arange(first, first + keys)[None]
+    return (positions <= queries) & (positions > queries - window)
 
 
 class Attention(nn.Module):
@@ -60,7 +74,7 @@ class Attention(nn.Module):
         batch, length, _ = x.shape
         return x.reshape(batch, length, heads, self.head_dim)
 
-    def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
+    def __call__(self, x: mx.array, cache: Cache | None = None) -> mx.array:
         batch, length, _ = x.shape
         q = self._heads(self.q_proj(x), self.num_heads)
         k = self._heads(self.k_proj(x), self.num_kv_heads)
@@ -70,8 +84,12 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         offset = cache.offset if cache is not None else 0
         q, k = self.rope(q, offset), self.rope(k, offset)
-        if cache is not None:
-            k, v = cache.update_and_fetch(k, v)
-        mask = attention_mask(offset, length, self.window)
+        if isinstance(cache, SlidingWindowCache):
+            k, v, first = cache.update_and_fetch(k, v)
+            mask = window_mask(offset, length, first, k.shape[2], cache.window)
+        else:
+            if cache is not None:
+                k, v = cache.update_and_fetch(k, v)  # type: ignore[union-attr]
+            mask = attention_mask(offset, length, self.window)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))

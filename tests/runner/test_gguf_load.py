@@ -19,6 +19,7 @@ from gguf_export import export_gguf
 from kquants import quantize_q4_k, quantize_q6_k
 
 from registry.names import Name
+from runner import gguf_load
 from runner.generate import Generator
 from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
 from runner.load import LoadError, load_model
@@ -223,3 +224,18 @@ def test_unsupported_quant_type_is_refused_naming_tensor_and_type():
                              data=np.zeros((4, 256 // block * size), np.uint8))
     with pytest.raises(GGUFLoadError, match=r"blk\.3\.ffn_up\.weight has type IQ2_XXS"):
         convert_tensor(tensor, (4, 256), "native")
+
+
+def test_requantized_tensor_is_built_in_place_not_beside_its_slabs(monkeypatch):
+    """A K-quant converted a slab at a time holds the result once (plus one slab), never the
+    slabs and their concatenation together (which doubled the load's peak for a large head)."""
+    monkeypatch.setattr(gguf_load, "REQUANT_SLAB_VALUES", 1 << 15)  # 16 rows of 2048: 32 slabs
+    kind = gguf.GGMLQuantizationType.Q6_K
+    x = np.random.default_rng(2).standard_normal((512, 2048)).astype(np.float32) * 0.02
+    tensor = SimpleNamespace(name="output.weight", data=quantize_q6_k(x), tensor_type=kind)
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    parts, _ = convert_tensor(tensor, (512, 2048), "native")
+    held = sum(p.nbytes for p in parts.values())
+    assert mx.get_peak_memory() - before <= 1.3 * held
