@@ -130,6 +130,9 @@ class Generator:
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.depth_control = DepthControl()  # learned across requests, as in Ollama
         self.target_layers = len(new_caches(model))
+        # A draft needs a target whose caches all rewind (speculation discards rejected
+        # proposals); otherwise it is loaded but not used.
+        self.drafting = draft is not None and all(c.rewindable for c in new_caches(model))
         self._emission: Emission | None = None
         self._shift_to: tuple[int, int] | None = None  # (tokens to generate, num_ctx)
         self.shifted = False  # whether the current (or last) request shifted its context
@@ -178,11 +181,9 @@ class Generator:
             self.release()
 
     def make_caches(self) -> list[Cache]:
-        """The target's caches, then the draft's. A draft needs a target whose caches all
-        rewind (speculation discards rejected proposals), else it is not used."""
+        """The target's caches, then the draft's when the draft is used."""
         target = new_caches(self.model)
-        drafting = self.draft is not None and all(c.rewindable for c in target)
-        return target + (new_caches(self.draft) if drafting else [])
+        return target + (new_caches(self.draft) if self.drafting and self.draft else [])
 
     def prefill(self, match: Match, cancelled: Callable[[], bool] = lambda: False) -> None:
         """Evaluate the prompt but its last token into `match.caches` (target and draft), in

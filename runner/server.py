@@ -164,7 +164,7 @@ def build_app(store: Store, name: str, compute: str = "auto",
             "memory": {"rss": psutil.Process().memory_info().rss,
                        "weights": loaded.weights_bytes if loaded else 0},
             "compute": loaded.compute if loaded else compute, "blas": blas_library(),
-            "draft": loaded is not None and loaded.draft is not None,
+            "draft": state.generator is not None and state.generator.drafting,
             "prefix_cache": _prefix_cache_status(state.generator)})
 
     async def tokenize(request: Request) -> Response:

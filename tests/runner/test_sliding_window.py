@@ -167,5 +167,6 @@ def test_speculative_decoding_steps_aside_for_windowed_caches(loaded):
     model, tokenizer = loaded["gemma3"]
     generator = Generator(model.model, tokenizer, model.context_length, draft=model.model)
     assert len(generator.make_caches()) == generator.target_layers  # no draft caches
+    assert not generator.drafting  # what /v1/status reports as "draft"
     tokens, _ = _greedy(generator, LONG[:12], 16)
     assert tokens == _full_cache_greedy(model.model, LONG[:12], 16)
