@@ -65,6 +65,13 @@ class ModelArgs:
         return cls(str(params.get("model_type") or "gemma3"),
                    text.ModelArgs.from_dict({**params, "model_type": "gemma3"}), vision, **known)
 
+    def __getattr__(self, name: str) -> Any:
+        """The text model's fields (hidden_size, tie_word_embeddings, ...), which the loader
+        and create read from any architecture's args."""
+        if name == "text":
+            raise AttributeError(name)
+        return getattr(self.text, name)
+
     @property
     def tokens_per_side(self) -> int:
         return round(self.mm_tokens_per_image ** 0.5)
