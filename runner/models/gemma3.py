@@ -23,6 +23,7 @@ from runner.models import gemma3_text as text
 from runner.nn.linear import Linear
 
 ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
+VISION_ARCHITECTURES = ARCHITECTURES
 Span = tuple[int, int]
 
 
