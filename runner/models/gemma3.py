@@ -19,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from runner.kv_cache import KVCache
+from runner.media.prompt import IMAGE_KEY_BASE
 from runner.models import gemma3_text as text
 from runner.nn.linear import Linear
 
@@ -186,6 +187,19 @@ class Model(nn.Module):
         self.language_model = text.LanguageModel(args.text)
         self.vision_tower = VisionTower(args.vision)
         self.multi_modal_projector = Projector(args)
+        self._bound: dict[int, mx.array] = {}
+
+    def image_tokens(self) -> tuple[int, int, int]:
+        """(start id, end id, tokens per image): what placeholder expansion writes."""
+        args = self.args
+        return args.boi_token_index, args.eoi_token_index, args.mm_tokens_per_image
+
+    def image_size(self) -> int:
+        return self.args.vision.image_size
+
+    def bind_images(self, rows: dict[int, mx.array]) -> None:
+        """The feature row of each image key (runner.media.prompt) the next calls may carry."""
+        self._bound = rows
 
     @property
     def layers(self) -> list[text.DecoderLayer]:
@@ -198,6 +212,9 @@ class Model(nn.Module):
     def embed(self, inputs: mx.array, features: mx.array | None = None) -> mx.array:
         """Scaled token embeddings, the image tokens' replaced by `features` in order."""
         decoder = self.language_model.model
+        keyed = inputs >= IMAGE_KEY_BASE
+        if features is None and bool(keyed.any()):
+            return self._embed_keyed(inputs, keyed)
         h = decoder.embed_tokens(inputs)
         h = h * mx.array(decoder.embed_scale, h.dtype)
         if features is None:
@@ -210,6 +227,16 @@ class Model(nn.Module):
         rows = h.reshape(-1, h.shape[-1])
         rows[positions] = flat
         return rows.reshape(h.shape)
+
+    def _embed_keyed(self, inputs: mx.array, keyed: mx.array) -> mx.array:
+        """Embeddings where image keys take their bound feature rows."""
+        keys = inputs.reshape(-1).tolist()
+        missing = [k for k in keys if k >= IMAGE_KEY_BASE and k not in self._bound]
+        if missing:
+            raise ValueError(f"no image features bound for {len(missing)} image tokens")
+        plain = mx.where(keyed, self.args.image_token_index, inputs)
+        rows = [self._bound[k] for k in keys if k >= IMAGE_KEY_BASE]
+        return self.embed(plain, mx.stack(rows)[None])
 
     def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None,
                  spans: Sequence[Span] = (), features: mx.array | None = None) -> mx.array:
