@@ -180,3 +180,18 @@ def test_logits_match_reference(with_span: bool) -> None:
     table = np.array(model.language_model.model.embed_tokens.weight)
     np.testing.assert_allclose(embedded[2], table[297] * scale, rtol=1e-6)
     np.testing.assert_allclose(embedded[3:7], np.array(features)[0], rtol=1e-6)
+
+
+def test_chunked_prefill_with_a_cache_matches_one_forward() -> None:
+    """The generator prefills in chunks that never split a span: same logits as one call."""
+    from runner.kv_cache import KVCache
+    model = random_model(5)
+    ids, pixels, spans = _prompt(6)
+    features = model.encode_images(pixels)
+    whole = np.array(model(ids, spans=spans, features=features))[0]
+    caches = [KVCache() for _ in model.layers]
+    model(ids[:, :3], caches)
+    middle = np.array(model(ids[:, 3:8], caches, spans=[(0, 4)], features=features))[0]
+    last = np.array(model(ids[:, 8:], caches))[0]
+    np.testing.assert_allclose(middle, whole[3:8], atol=1e-4)
+    np.testing.assert_allclose(last, whole[8:], atol=1e-4)

@@ -98,3 +98,10 @@ def test_openai_image_url_data_urls(served, client):
     with pytest.raises(openai.BadRequestError, match="data URL"):
         api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}])
+
+
+def test_repeat_penalty_with_an_image_in_the_history(client):
+    reply = client.chat(model=MODEL, messages=[{"role": "user", "content": "again",
+                                                "images": [_png(5)]}],
+                        options={"repeat_penalty": 1.3, "repeat_last_n": 64})
+    assert reply.done and reply.eval_count == PARAMETERS["num_predict"]
