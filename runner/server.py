@@ -159,7 +159,8 @@ def prompt_tokens(state: RunnerState, body: dict[str, Any]
     if not images:
         return text, tokenizer.encode(text), None
     ids = encode_marked(text, sentinel, tokenizer.encode, lambda piece: tokenizer.tokenizer
-                        .encode(piece, add_special_tokens=False).ids)
+                        .encode(piece, add_special_tokens=False).ids,
+                        getattr(model, "IMAGE_TEXT_AROUND", ("", "")))
     request = assemble(model, state.loaded.files.files, ids, images)
     return text.replace(sentinel, ""), request.tokens, request
 

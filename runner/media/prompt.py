@@ -67,10 +67,12 @@ def new_sentinel() -> str:
 
 
 def encode_marked(text: str, sentinel: str, encode: Callable[[str], list[int]],
-                  encode_more: Callable[[str], list[int]]) -> list[int]:
+                  encode_more: Callable[[str], list[int]],
+                  around: tuple[str, str] = ("", "")) -> list[int]:
     """Token ids of `text` with MARKER where each sentinel was (`encode` for the first piece,
-    which may add BOS; `encode_more` for the rest)."""
-    pieces = text.split(sentinel)
+    which may add BOS; `encode_more` for the rest). `around`: the text a model's processor puts
+    before and after each image (Gemma 3: a blank line each side)."""
+    pieces = text.replace(sentinel, around[0] + sentinel + around[1]).split(sentinel)
     ids = encode(pieces[0])
     for piece in pieces[1:]:
         ids.append(MARKER)

@@ -180,6 +180,8 @@ class Projector(nn.Module):
 
 
 class Model(nn.Module):
+    IMAGE_TEXT_AROUND = ("\n\n", "\n\n")  # Gemma3Processor's full_image_sequence
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args

@@ -72,3 +72,36 @@ def test_expand_places_image_tokens_in_order() -> None:
 def test_expand_refuses_a_count_mismatch() -> None:
     with pytest.raises(MediaError, match="2 image placeholders but 1 images"):
         expand([9, 9], ImageTokens(9, 9, 7, 8), [4])
+
+
+@pytest.mark.parametrize("sizes", [[(30, 50)], [(800, 20), (5, 5)], [(64, 64), (3, 90), (17, 17)]])
+def test_placeholder_ids_match_transformers_gemma3_processor(sizes) -> None:
+    """Each image's run (blank line, start, image tokens, end, blank line) as transformers'
+    Gemma3Processor writes it, for images of several sizes."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformers import Gemma3ImageProcessor, Gemma3Processor, PreTrainedTokenizerFast
+    from runner.media.prompt import MARKER, encode_marked
+    from runner.models.gemma3 import Model
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<start_of_image>": 3, "<end_of_image>": 4,
+             "<image_soft_token>": 5, "a": 6, "\n": 7, "b": 8, "[UNK]": 9}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=words, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                              "image_token": "<image_soft_token>"})
+    processor = Gemma3Processor(Gemma3ImageProcessor(size={"height": 28, "width": 28}),
+                                tokenizer, image_seq_length=4)
+    images = [Image.new("RGB", size) for size in sizes]
+    prompt = "".join(f"a{'b' * i}<start_of_image>" for i in range(len(images))) + "ab"
+    expected = processor(text=[prompt], images=[images], return_tensors="np",
+                         add_special_tokens=False)["input_ids"][0].tolist()
+    sentinel = "<ferry-image-x>"
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+    ids = encode_marked(prompt.replace("<start_of_image>", sentinel), sentinel, encode, encode,
+                        Model.IMAGE_TEXT_AROUND)
+    ours, _ = expand(ids, ImageTokens(MARKER, 3, 5, 4), [4] * len(images))
+    assert ours == expected

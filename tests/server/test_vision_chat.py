@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import openai
 import pytest
 from conftest import serve_app
 from PIL import Image
+from tokenizers import Tokenizer
 
 from tests.runner.arch_checkpoints import write_checkpoint
 
@@ -45,13 +47,21 @@ def served(tmp_path_factory, make_checkpoint):
     store.root.mkdir(parents=True, exist_ok=True)
     create(Name.parse_valid(MODEL), checkpoint, CreateOptions(parameters=PARAMETERS), store,
            progress=lambda event: None, cancel=threading.Event())
+    blank = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(
+        "\n\n", add_special_tokens=False).ids
     with serve_app(build_model_server(settings)) as url:
-        yield url
+        yield Served(url, TOKENS_PER_IMAGE + 2 + 2 * len(blank))
+
+
+@dataclass(frozen=True)
+class Served:
+    url: str
+    run_length: int  # the prompt tokens one image adds: blank line, start, tokens, end, blank
 
 
 @pytest.fixture(scope="module")
 def client(served):
-    return ollama.Client(host=served, timeout=120)
+    return ollama.Client(host=served.url, timeout=120)
 
 
 def _ask(client, *images: bytes):
@@ -63,19 +73,18 @@ def test_show_says_vision(client):
     assert "vision" in client.show(MODEL).capabilities
 
 
-def test_the_image_reaches_the_vision_tower(client):
+def test_the_image_reaches_the_vision_tower(client, served):
     plain = client.chat(model=MODEL, messages=[{"role": "user", "content": "what is this?"}])
     first, second = _ask(client, _png(1)), _ask(client, _png(2))
-    # each image adds start, its tokens and end to the prompt
-    assert first.prompt_eval_count == plain.prompt_eval_count + TOKENS_PER_IMAGE + 2
+    assert first.prompt_eval_count == plain.prompt_eval_count + served.run_length
     assert _ask(client, _png(1)).message.content == first.message.content
     assert first.message.content != second.message.content  # the features, not the tokens
 
 
-def test_generate_takes_images(client):
+def test_generate_takes_images(client, served):
     reply = client.generate(model=MODEL, prompt="describe", images=[_png(3)])
     plain = client.generate(model=MODEL, prompt="describe")
-    assert reply.prompt_eval_count == plain.prompt_eval_count + TOKENS_PER_IMAGE + 2
+    assert reply.prompt_eval_count == plain.prompt_eval_count + served.run_length
 
 
 @pytest.mark.parametrize(("image", "message"), [
@@ -89,7 +98,7 @@ def test_bad_images_are_a_clear_400(client, image, message):
 
 
 def test_openai_image_url_data_urls(served, client):
-    api = openai.OpenAI(base_url=f"{served}/v1", api_key="ferry", timeout=120)
+    api = openai.OpenAI(base_url=f"{served.url}/v1", api_key="ferry", timeout=120)
     url = "data:image/png;base64," + base64.b64encode(_png(1)).decode()
     reply = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
         {"type": "text", "text": "what is this?"},
