@@ -114,3 +114,20 @@ def test_repeat_penalty_with_an_image_in_the_history(client):
                                                 "images": [_png(5)]}],
                         options={"repeat_penalty": 1.3, "repeat_last_n": 64})
     assert reply.done and reply.eval_count == PARAMETERS["num_predict"]
+
+
+def test_ferry_run_attaches_image_paths(served, tmp_path):
+    """`ferry run MODEL "what is ./x.png"`: the same answer as sending the image by API."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "x.png").write_bytes(_png(1))
+    expected = ollama.Client(host=served.url, timeout=120).chat(model=MODEL, messages=[
+        {"role": "user", "content": "what is this?", "images": [_png(1)]}]).message.content
+    env = {**os.environ, "FERRY_HOST": served.url.split("//")[1], "FERRY_AUTOSTART": "0",
+           "FERRY_HOME": str(tmp_path / "home"), "TERM": "dumb"}
+    done = subprocess.run([sys.executable, "-P", "-m", "ferry.cli", "run", MODEL,
+                           "what is this? ./x.png"], cwd=tmp_path, env=env, timeout=120,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert expected.strip() and done.stdout.strip() == expected.strip()
