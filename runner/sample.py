@@ -85,10 +85,14 @@ class Sampler:
 
 def apply_repeat_penalty(logits: mx.array, ids: mx.array, penalty: float) -> mx.array:
     """Divide positive, multiply negative logits of tokens seen recently (llama.cpp rule).
-    A repeated id is written twice with the same value, so duplicates need no dedup."""
-    picked = logits[ids]
-    logits[ids] = mx.where(picked > 0, picked / penalty, picked * penalty)
-    return logits
+    A repeated id is written twice with the same value, so duplicates need no dedup. Ids past
+    the vocabulary (a prompt's image keys) land in a scratch slot that is dropped."""
+    vocab = logits.shape[-1]
+    ids = mx.minimum(ids, vocab)
+    padded = mx.concatenate([logits, mx.zeros((1,), logits.dtype)])
+    picked = padded[ids]
+    padded[ids] = mx.where(picked > 0, picked / penalty, picked * penalty)
+    return padded[:vocab]
 
 
 def filter_logits(logits: mx.array, top_k: int, top_p: float, min_p: float) -> mx.array:

@@ -41,6 +41,9 @@ from runner.generate import ContextError, Done, Generator, fit_prompt
 from runner.go_template import GoTemplate, TemplateError
 from runner.load import LoadedModel, load_model
 from runner.logprobs import MAX_TOP, Logprob
+from runner.media.assemble import ImageRequest, assemble, bind, is_vision_model
+from runner.media.decode import MediaError
+from runner.media.prompt import encode_marked, mark_images, new_sentinel
 from runner.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from runner.sample import Options, OptionsError
 from runner.tokenizer import ModelTokenizer, PromptError
@@ -143,6 +146,25 @@ def prompt_text(tokenizer: ModelTokenizer, body: dict[str, Any]) -> str:
     raise PromptError("the request needs messages or a prompt")
 
 
+def prompt_tokens(state: RunnerState, body: dict[str, Any]
+                  ) -> tuple[str, list[int], ImageRequest | None]:
+    """The prompt's text and ids; with images, ids whose image runs are keyed by content."""
+    assert state.tokenizer is not None and state.loaded is not None
+    tokenizer, model = state.tokenizer, state.loaded.model
+    sentinel = new_sentinel()
+    marked, images = mark_images(body, sentinel)
+    if images and not is_vision_model(model):
+        raise MediaError(f"model {state.name} does not support images: it is a text-only model")
+    text = prompt_text(tokenizer, marked)
+    if not images:
+        return text, tokenizer.encode(text), None
+    ids = encode_marked(text, sentinel, tokenizer.encode, lambda piece: tokenizer.tokenizer
+                        .encode(piece, add_special_tokens=False).ids,
+                        getattr(model, "IMAGE_TEXT_AROUND", ("", "")))
+    request = assemble(model, state.loaded.files.files, ids, images)
+    return text.replace(sentinel, ""), request.tokens, request
+
+
 def build_app(store: Store, name: str, compute: str = "auto",
               release: Callable[[], None] = mx.clear_cache,
               on_fail: Callable[[str], None] | None = None,
@@ -187,16 +209,18 @@ def build_app(store: Store, name: str, compute: str = "auto",
             options = Options.from_dict({**state.loaded.files.params,
                                          **(body.get("options") or {})})
             context = _context(body.get("context"))
-            text = prompt_text(state.tokenizer, body)
-            tokens = context + state.tokenizer.encode(text)
+            text, tokens, images = await asyncio.to_thread(prompt_tokens, state, body)
+            if images is not None:
+                images.spans = [(a + len(context), b + len(context)) for a, b in images.spans]
+            tokens = context + tokens
             truncate = bool(body.get("truncate", True))
             fit_prompt(tokens, state.generator.num_ctx(options), truncate)
             run = Run(tokens, options, truncate, await _constraint(state, body.get("format")),
                       _logprobs(body), body.get("shift", True) is not False,
                       bool(body.get("return_context")),
-                      text.rstrip().endswith(THINK_OPEN))
+                      text.rstrip().endswith(THINK_OPEN), images)
         except (OptionsError, PromptError, TemplateError, ContextError, TypeError,
-                FormatError) as exc:
+                FormatError, MediaError) as exc:
             return _error(400, str(exc))
         job = _stream(state, run)
         return StreamingResponse(job, media_type="application/x-ndjson")
@@ -278,6 +302,7 @@ class Run:
     shift: bool
     return_context: bool  # end with the token ids of prompt and answer (/api/generate)
     thinking_opened: bool = False  # the template opened a reasoning block for the model
+    images: ImageRequest | None = None  # the images, their keys and spans
 
 
 def _context(value: Any) -> list[int]:
@@ -327,8 +352,12 @@ async def _stream(state: RunnerState, run: Run) -> AsyncIterator[bytes]:
 
         def job() -> None:
             try:
+                if is_vision_model(generator.model):
+                    bind(generator.model, run.images or ImageRequest([], []))
+                spans = run.images.spans if run.images is not None else ()
                 for item in generator.generate(run.tokens, run.options, cancel.is_set,
-                                               run.truncate, constraint=run.constraint,
+                                               run.truncate, spans=spans,
+                                               constraint=run.constraint,
                                                logprobs=run.logprobs, shift=run.shift):
                     if isinstance(item, Done) and run.return_context:
                         eos = generator.tokenizer.eos_ids

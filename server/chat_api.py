@@ -47,7 +47,7 @@ from server.completion import (
     run_completion,
     start_stream,
 )
-from server.conversation import normalise_messages
+from server.conversation import image_list, normalise_messages
 from server.json_format import JSONFormat
 from server.scheduler import Scheduler
 from server.tool_calls import ToolCall, tool_names
@@ -202,10 +202,14 @@ def _generate_body(model: ModelDefaults, body: dict[str, Any], prompt: str,
     if body.get("shift") is False:
         out["shift"] = False
     if body.get("raw"):
-        return {**out, "prompt": prompt, "raw": True}
+        images = {"images": image_list(body["images"])} if body.get("images") else {}
+        return {**out, "prompt": prompt, "raw": True, **images}
     system = body.get("system") or model.system
     messages = [{"role": "system", "content": system}] if system else []
-    messages += [*model.messages, {"role": "user", "content": prompt}]
+    user: dict[str, Any] = {"role": "user", "content": prompt}
+    if body.get("images"):
+        user["images"] = image_list(body["images"])
+    messages += [*model.messages, user]
     return {**out, "messages": messages}
 
 

@@ -127,8 +127,6 @@ def refuse_unsupported(model: ModelDefaults, body: dict[str, Any], has_images: b
         raise APIError(400, f'"{shown}" does not support generate')
     if has_images and "vision" not in caps:
         raise APIError(400, f'"{shown}" does not support images: it is a text-only model')
-    if has_images:
-        raise APIError(400, "image input is not supported by ferry's runner yet")
     if body.get("tools") and "tools" not in caps:
         raise APIError(400, f'"{shown}" does not support tools')
     top = body.get("top_logprobs")

@@ -14,7 +14,8 @@ from typing import Any
 
 from server.api_errors import APIError
 
-MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_name", "tool_call_id", "thinking")
+MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_name", "tool_call_id", "thinking",
+                "images")
 
 
 def normalise_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -26,6 +27,8 @@ def normalise_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise APIError(400, "every message needs a role")
         clean = {k: message[k] for k in MESSAGE_KEYS if message.get(k) is not None}
         clean["content"] = _text(clean.get("content"))
+        if "images" in clean:
+            clean["images"] = image_list(clean["images"])
         if "tool_calls" in clean:
             clean["tool_calls"] = [_call(c, i) for i, c in enumerate(_list(clean["tool_calls"]))]
             names_by_id.update({c["id"]: c["function"]["name"] for c in clean["tool_calls"]
@@ -39,6 +42,13 @@ def normalise_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             clean["reasoning_content"] = clean["thinking"]  # the Hugging Face templates' name
         out.append(clean)
     return out
+
+
+def image_list(images: Any) -> list[str]:
+    """`images`: base64 strings (decoded, and refused if not images, by the runner)."""
+    if not isinstance(images, list) or not all(isinstance(i, str) and i for i in images):
+        raise APIError(400, "images must be a list of base64-encoded strings")
+    return images
 
 
 def _text(content: Any) -> str:

@@ -66,22 +66,30 @@ def openai_errors(handler: Handler) -> Handler:
     return wrapped
 
 
-def _text_content(content: Any) -> tuple[str, bool]:
-    """OpenAI content (a string or a list of parts) as text; True if it held an image."""
+def _text_content(content: Any) -> tuple[str, list[str]]:
+    """OpenAI content (a string or a list of parts) as text, and its images' base64."""
     if content is None or isinstance(content, str):
-        return content or "", False
+        return content or "", []
     if not isinstance(content, list):
         raise APIError(400, "message content must be a string or a list of parts")
-    text, image = [], False
+    text, images = [], []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
             text.append(str(part.get("text", "")))
         elif kind == "image_url":
-            image = True
+            images.append(_data_url(part.get("image_url")))
         else:
             raise APIError(400, f"unsupported content part type {kind!r}")
-    return "".join(text), image
+    return "".join(text), images
+
+
+def _data_url(value: Any) -> str:
+    """An image_url part's base64 payload; only data URLs (the server fetches nothing)."""
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
+        raise APIError(400, "image_url must be a base64 data URL (data:image/...;base64,...)")
+    return url.partition(";base64,")[2]
 
 
 def _messages(raw: Any) -> list[dict[str, Any]]:
@@ -91,10 +99,10 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
     for message in raw:
         if not isinstance(message, dict):
             raise APIError(400, "every message must be an object")
-        text, image = _text_content(message.get("content"))
+        text, images = _text_content(message.get("content"))
         converted: dict[str, Any] = {"role": message.get("role"), "content": text}
-        if image:
-            converted["images"] = ["(image)"]
+        if images:
+            converted["images"] = images
         for key in ("tool_calls", "tool_call_id", "name"):
             if message.get(key):
                 converted[key] = message[key]

@@ -23,6 +23,7 @@ from ferry.chat_commands import LEVELS, handle_command
 from ferry.client import CLIError, ServerClient
 from ferry.commands.models import human_bytes, human_time, table
 from ferry.config import Settings
+from ferry.image_paths import extract_images
 from ferry.progress import show_progress
 from server.scheduler import runner_env
 
@@ -64,6 +65,7 @@ class Chat:
         self.model = args.model
         self.verbose = args.verbose
         self.messages: list[dict[str, Any]] = []
+        self.vision: bool | None = None  # asked of /api/show before the first message
         self.system: str | None = None
         self.options: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
@@ -80,9 +82,19 @@ class Chat:
         self.client.request("POST", "/api/generate", {"model": self.model, **self.extra},
                             timeout=timeout)
 
+    def _user_message(self, text: str) -> dict[str, Any]:
+        """The user's message; for a vision model, with the images whose paths it names."""
+        if self.vision is None:
+            shown = self.client.request("POST", "/api/show", {"model": self.model}).json()
+            self.vision = "vision" in (shown.get("capabilities") or [])
+        if not self.vision:
+            return {"role": "user", "content": text}
+        text, images = extract_images(text)
+        return {"role": "user", "content": text, **({"images": images} if images else {})}
+
     def send(self, text: str) -> str:
         """Stream the answer to `text` onto stdout; the exchange joins the history."""
-        request = [*self.messages, {"role": "user", "content": text}]
+        request = [*self.messages, self._user_message(text)]
         system = [{"role": "system", "content": self.system}] if self.system else []
         body = {"model": self.model, "messages": [*system, *request], "stream": True,
                 **self.extra}

@@ -63,3 +63,9 @@ def is_embedding_architecture(architecture: str) -> bool:
     `EMBEDDING_ARCHITECTURES`: encoders, and decoders saved without their LM head)."""
     module = module_for_architecture(architecture)
     return module is not None and architecture in getattr(module, "EMBEDDING_ARCHITECTURES", ())
+
+
+def supports_vision(architecture: str) -> bool:
+    """An architecture whose runner module encodes images (its `VISION_ARCHITECTURES`)."""
+    module = module_for_architecture(architecture)
+    return module is not None and architecture in getattr(module, "VISION_ARCHITECTURES", ())

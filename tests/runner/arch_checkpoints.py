@@ -41,15 +41,16 @@ CONFIGS = {
 # Gemma3ForConditionalGeneration: the same text model nested in text_config, plus a vision part
 CONFIGS["gemma3_mm"] = {
     "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-    "vocab_size": 2048, "vision_config": {"hidden_size": 16, "model_type": "siglip_vision_model"},
+    "vocab_size": 2048, "mm_tokens_per_image": 4, "image_token_index": 2047,
+    "vision_config": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                      "num_attention_heads": 2, "image_size": 16, "patch_size": 4,
+                      "model_type": "siglip_vision_model"},
     "text_config": {**_BASE, **CONFIGS["gemma3"], "model_type": "gemma3_text"},
 }
-_VISION = {"vision_tower.vision_model.embeddings.patch_embedding.weight": (16, 3, 4, 4),
-           "multi_modal_projector.mm_input_projection_weight": (16, 128)}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 # the runner module that serves each fixture (gemma3's config says model_type gemma3_text)
 RUNNER_TYPE = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral", "gemma3": "gemma3_text",
-               "qwen3_moe": "qwen3_moe", "gemma3_mm": "gemma3_text"}
+               "qwen3_moe": "qwen3_moe", "gemma3_mm": "gemma3"}
 
 
 def config_for(arch: str, **changes) -> dict:
@@ -64,8 +65,6 @@ def write_checkpoint(out: Path, arch: str, tokenizer_from: Path, **changes) -> P
     config = config_for(arch, **changes)
     module = model_module(RUNNER_TYPE[arch])
     shapes = module.tensor_shapes(module.ModelArgs.from_dict(config))
-    if "vision_config" in config:
-        shapes = {**shapes, **_VISION}
     tensors = {name: _random(name, shape, arch) for name, shape in shapes.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config))

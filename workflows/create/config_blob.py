@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from registry.manifests import ModelConfig
-from runner.models import is_embedding_architecture
+from runner.models import is_embedding_architecture, supports_vision
 from workflows.create.errors import CreateError
 from workflows.create.inventory import Inventory
 from workflows.create.plan import ModelPlan
@@ -27,7 +27,8 @@ def human_number(count: int) -> str:
 
 def capabilities(inv: Inventory) -> list[str]:
     """`embedding` alone for an embedding architecture (it cannot generate); else `completion`
-    always; tools/thinking from the chat template; vision/audio from config."""
+    always; tools/thinking from the chat template; vision when the config has a vision tower
+    the runner encodes. Audio towers are kept but never advertised: no runner reads audio."""
     if is_embedding_architecture(inv.architecture):
         return ["embedding"]
     caps = ["completion"]
@@ -36,10 +37,8 @@ def capabilities(inv: Inventory) -> list[str]:
         caps.append("tools")
     if "<think>" in template or "enable_thinking" in template:
         caps.append("thinking")
-    if "vision_config" in inv.config or inv.config.get("has_vision"):
+    if "vision_config" in inv.config and supports_vision(inv.architecture):
         caps.append("vision")
-    if "audio_config" in inv.config or "sound_config" in inv.config:
-        caps.append("audio")
     return caps
 
 

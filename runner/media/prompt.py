@@ -1,0 +1,88 @@
+"""A completion request's images, from base64 in the body to token ids with image runs.
+
+The chat template never sees image bytes: each image becomes a one-off sentinel in its message
+(before the text, as Ollama places it), the rendered prompt is split on the sentinel, and each
+cut becomes an image's run of tokens. The run's ids are image keys, not the vocabulary's image
+token: `IMAGE_KEY_BASE` + a hash of the image's bytes + the position in the run, so the prefix
+cache (keyed by ids) reuses an image's KV only for the same image, and the model maps each key
+back to its feature row.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from runner.media.decode import MediaError
+
+IMAGE_KEY_BASE = 1 << 30
+_HASH_BITS, _RUN_BITS = 20, 10  # keys stay below 2**31 (int32 token arrays)
+MARKER = -1  # where an image goes, before expansion
+
+
+def image_bytes(value: Any) -> bytes:
+    """One `images` entry: base64 (Ollama's API), optionally a data URL."""
+    if not isinstance(value, str) or not value:
+        raise MediaError("each image must be a non-empty base64 string")
+    if value.startswith("data:"):
+        value = value.partition(",")[2]
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise MediaError("an image is not valid base64") from exc
+
+
+def mark_images(body: dict[str, Any], sentinel: str) -> tuple[dict[str, Any], list[bytes]]:
+    """The body with a sentinel per image at the start of its message; the images in order."""
+    found: list[bytes] = []
+    if isinstance(body.get("messages"), list):
+        messages = []
+        for message in body["messages"]:
+            images = message.get("images") if isinstance(message, dict) else None
+            if images:
+                found += [image_bytes(v) for v in _as_list(images)]
+                content = message.get("content") or ""
+                message = {k: v for k, v in message.items() if k != "images"}
+                message["content"] = sentinel * len(images) + str(content)
+            messages.append(message)
+        return {**body, "messages": messages}, found
+    if body.get("images") and isinstance(body.get("prompt"), str):
+        found = [image_bytes(v) for v in _as_list(body["images"])]
+        return {**body, "prompt": sentinel * len(found) + body["prompt"]}, found
+    return body, found
+
+
+def _as_list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise MediaError("images must be a list of base64 strings")
+    return value
+
+
+def new_sentinel() -> str:
+    return f"<ferry-image-{uuid.uuid4().hex}>"
+
+
+def encode_marked(text: str, sentinel: str, encode: Callable[[str], list[int]],
+                  encode_more: Callable[[str], list[int]],
+                  around: tuple[str, str] = ("", "")) -> list[int]:
+    """Token ids of `text` with MARKER where each sentinel was (`encode` for the first piece,
+    which may add BOS; `encode_more` for the rest). `around`: the text a model's processor puts
+    before and after each image (Gemma 3: a blank line each side)."""
+    pieces = text.replace(sentinel, around[0] + sentinel + around[1]).split(sentinel)
+    ids = encode(pieces[0])
+    for piece in pieces[1:]:
+        ids.append(MARKER)
+        ids += encode_more(piece) if piece else []
+    return ids
+
+
+def image_keys(data: bytes, count: int) -> list[int]:
+    """The ids of one image's run of `count` tokens."""
+    if count > 1 << _RUN_BITS:
+        raise MediaError(f"an image run of {count} tokens is longer than supported")
+    digest = int.from_bytes(hashlib.sha256(data).digest()[:4], "big") >> (32 - _HASH_BITS)
+    return [IMAGE_KEY_BASE + (digest << _RUN_BITS) + i for i in range(count)]
