@@ -22,6 +22,7 @@ from runner.kv_cache import KVCache
 from runner.media.prompt import IMAGE_KEY_BASE
 from runner.models import gemma3_text as text
 from runner.nn.linear import Linear
+from runner.readback import flags, token_ids
 
 ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
 VISION_ARCHITECTURES = ARCHITECTURES
@@ -222,7 +223,7 @@ class Model(nn.Module):
         if features is None:
             return h
         where = (inputs == self.args.image_token_index).reshape(-1)
-        positions = mx.array([i for i, hit in enumerate(where.tolist()) if hit], mx.int32)
+        positions = mx.array([i for i, hit in enumerate(flags(where)) if hit], mx.int32)
         flat = features.reshape(-1, h.shape[-1]).astype(h.dtype)
         if positions.size != flat.shape[0]:
             raise ValueError(f"{positions.size} image tokens for {flat.shape[0]} image features")
@@ -232,7 +233,7 @@ class Model(nn.Module):
 
     def _embed_keyed(self, inputs: mx.array, keyed: mx.array) -> mx.array:
         """Embeddings where image keys take their bound feature rows."""
-        keys = inputs.reshape(-1).tolist()
+        keys = token_ids(inputs.reshape(-1))
         missing = [k for k in keys if k >= IMAGE_KEY_BASE and k not in self._bound]
         if missing:
             raise ValueError(f"no image features bound for {len(missing)} image tokens")
