@@ -1,6 +1,7 @@
 """Gemma 3 text (model_type "gemma3_text"; Gemma3ForCausalLM, and the language model of
 Gemma3ForConditionalGeneration, whose config nests it in `text_config` and whose checkpoints name
-it `language_model.model.*`, beside a vision tower this runner skips): local and global attention
+it `language_model.model.*`; runner/models/gemma3.py serves that architecture, vision tower and
+all, around this file's model): local and global attention
 layers (`sliding_window_pattern`, or `layer_types`), the local ones windowed with their own RoPE
 base; per-head query/key norms; `(1 + w)` RMSNorms before and after both attention and MLP;
 embeddings scaled by sqrt(hidden); GELU-gated MLP; tied output head, soft-capped where configured.
@@ -23,7 +24,7 @@ from runner.nn.attention import Attention
 from runner.nn.embedding import Embedding
 from runner.nn.linear import Linear
 
-ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+ARCHITECTURES = ("Gemma3ForCausalLM",)  # the multimodal one is gemma3.py's
 _SKIPPED = ("vision_tower", "multi_modal_projector")  # the multimodal checkpoint's other parts
 GGUF_ARCHITECTURES = ("gemma3",)
 GGUF_BLOCK_NAMES = {"post_attention_norm": "post_attention_layernorm",

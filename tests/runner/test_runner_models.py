@@ -24,9 +24,10 @@ def _generates(model_type: str) -> bool:
     return bool(set(module.ARCHITECTURES) - set(getattr(module, "EMBEDDING_ARCHITECTURES", ())))
 
 
-# Decoders share the config keys above; encoders' configs are tested with their checkpoints
-# (tests/runner/test_embedding_parity.py).
-DECODERS = [t for t in model_types() if _generates(t)]
+# Text decoders share the config keys above; encoders' and vision models' configs are tested
+# with their checkpoints (tests/runner/test_embedding_parity.py, test_gemma3_vision*.py).
+DECODERS = [t for t in model_types()
+            if _generates(t) and not getattr(model_module(t), "VISION_ARCHITECTURES", ())]
 
 
 def test_every_architecture_file_is_found_by_its_model_type():
