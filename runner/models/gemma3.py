@@ -21,6 +21,7 @@ import mlx.nn as nn
 from runner.kv_cache import KVCache
 from runner.media.prompt import IMAGE_KEY_BASE
 from runner.models import gemma3_text as text
+from runner.nn.attention import span_mask
 from runner.nn.linear import Linear
 from runner.readback import flags, token_ids
 
@@ -281,21 +282,6 @@ def _span_attention(attn: Any, x: mx.array, cache: KVCache | None,
     mask = span_mask(length, k.shape[2], offset, first_key, spans, attn.window)
     out = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask=mask)
     return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
-
-
-def span_mask(queries: int, keys: int, first_query: int, first_key: int,
-              spans: Sequence[Span], window: int | None) -> mx.array:
-    """Boolean mask: causal (within `window`), and both ways inside each span ([start, end)
-    positions of this call's tokens)."""
-    q = mx.arange(queries)[:, None] + first_query
-    k = mx.arange(keys)[None, :] + first_key
-    ok = k <= q
-    if window is not None:
-        ok = ok & (k > q - window)
-    for start, end in spans:
-        a, z = start + first_query, end + first_query
-        ok = ok | ((q >= a) & (q < z) & (k >= a) & (k < z))
-    return ok
 
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:

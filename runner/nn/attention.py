@@ -11,7 +11,7 @@ the position of its first key, from which `window_mask` places the chunk's mask.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -45,6 +45,21 @@ def window_mask(offset: int, length: int, first: int, keys: int,
     queries = mx.arange(offset, offset + length)[:, None]
     positions = mx.arange(first, first + keys)[None]
     return (positions <= queries) & (positions > queries - window)
+
+
+def span_mask(queries: int, keys: int, first_query: int, first_key: int,
+              spans: Sequence[tuple[int, int]], window: int | None) -> mx.array:
+    """Boolean mask: causal (within `window`), and both ways inside each span ([start, end)
+    positions of this call's tokens)."""
+    q = mx.arange(queries)[:, None] + first_query
+    k = mx.arange(keys)[None, :] + first_key
+    ok = k <= q
+    if window is not None:
+        ok = ok & (k > q - window)
+    for start, end in spans:
+        a, z = start + first_query, end + first_query
+        ok = ok | ((q >= a) & (q < z) & (k >= a) & (k < z))
+    return ok
 
 
 class Attention(nn.Module):

@@ -13,6 +13,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from runner.kv_cache import KVCache, RecurrentCache, SlidingWindowCache
+from runner.nn.attention import span_mask
 from runner.nn.embedding import Embedding
 from runner.nn.linear import Linear
 from runner.nn.norm import RMSNorm
@@ -24,15 +25,7 @@ HIDDEN, HEADS, HEAD_DIM, VOCAB, WINDOW = 64, 4, 16, 256, 6
 def _allowed(queries: int, keys: int, first_query: int, first_key: int,
              spans: Sequence[tuple[int, int]], window: int | None) -> mx.array:
     """Additive mask: causal (within `window` if set), plus both ways inside each span."""
-    q = mx.arange(queries)[:, None] + first_query
-    k = mx.arange(keys)[None, :] + first_key
-    ok = k <= q
-    if window is not None:
-        ok = ok & (k > q - window)
-    for start, end in spans:
-        a, b = start + first_query, end + first_query
-        ok = ok | ((q >= a) & (q < b) & (k >= a) & (k < b))
-    return mx.where(ok, 0.0, -mx.inf)
+    return mx.where(span_mask(queries, keys, first_query, first_key, spans, window), 0.0, -mx.inf)
 
 
 class SpanAttention(nn.Module):
