@@ -205,7 +205,7 @@ def load_safetensors(path: str) -> tuple[dict[str, mx.array], dict[str, str]]:
     over every format; this is the one shape it has for safetensors with metadata)."""
     loaded = mx.load(path, format="safetensors", return_metadata=True)
     if not isinstance(loaded, tuple):
-        raise LoadError(f"{path}: expected safetensors arrays and metadata")
+        raise LoadError(f"{Path(path).name}: expected safetensors arrays and metadata")
     arrays, metadata = loaded
     return arrays, {str(k): str(v) for k, v in metadata.items()}
 

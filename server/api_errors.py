@@ -80,6 +80,8 @@ def error_message(exc: BaseException) -> str:
         return exc.message
     if isinstance(exc, OSError):  # its str() names a server path; its strerror does not
         return exc.strerror or type(exc).__name__
+    if status_for(exc) >= 500:  # an unexpected error's text may name server paths or internals
+        return f"internal error ({type(exc).__name__}); the server log has the details"
     return str(exc) or type(exc).__name__
 
 

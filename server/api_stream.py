@@ -22,7 +22,7 @@ NDJSON = "application/x-ndjson"
 
 
 
-def _line(obj: dict[str, Any]) -> bytes:
+def ndjson_line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
 
 
@@ -47,11 +47,11 @@ async def progress_response(request: Request, events: AsyncIterator[dict[str, An
 
     async def body() -> AsyncIterator[bytes]:
         try:
-            yield _line(first)
+            yield ndjson_line(first)
             async for event in events:
-                yield _line(event)
+                yield ndjson_line(event)
         except Exception as exc:
-            yield _line({"error": error_message(exc)})
+            yield ndjson_line({"error": error_message(exc)})
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 

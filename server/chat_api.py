@@ -10,7 +10,6 @@ with `keep_alive: 0`, which is how `ferry stop` and `ollama stop` work.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +21,7 @@ from starlette.routing import Route
 from registry.errors import FerryError
 from registry.names import Name
 from server.api_errors import APIError, error_message, read_json
+from server.api_stream import NDJSON, ndjson_line
 from server.chat_request import (
     ModelDefaults,
     expires_iso,
@@ -52,8 +52,6 @@ from server.json_format import JSONFormat
 from server.scheduler import Scheduler
 from server.tool_calls import ToolCall, tool_names
 
-NDJSON = "application/x-ndjson"
-
 
 def _scheduler(request: Request) -> Scheduler:
     return request.app.state.scheduler
@@ -63,9 +61,6 @@ async def _model(request: Request, body: dict[str, Any]) -> ModelDefaults:
     name = parse_name(body.get("model") or body.get("name"))
     return await asyncio.to_thread(load_model_defaults, request.app.state.store, name)
 
-
-def _line(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
 
 
 def _piece(kind: str, model: str, text: str, calls: list[ToolCall] | None = None,
@@ -133,10 +128,10 @@ async def _respond(request: Request, kind: str, model: str, job: CompletionJob,
                     event = _event(kind, model, item)
                     if pending:
                         event["logprobs"], pending = pending, []
-                    yield _line(event)
+                    yield ndjson_line(event)
                 item = await anext(rest, None)
         except (FerryError, OSError) as exc:
-            yield _line({"error": error_message(exc)})
+            yield ndjson_line({"error": error_message(exc)})
         finally:
             await rest.aclose()  # type: ignore[attr-defined]
 

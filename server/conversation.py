@@ -9,9 +9,9 @@ before it reaches a template, whichever route it came through.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from registry import bounded_json
 from server.api_errors import APIError
 
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_name", "tool_call_id", "thinking",
@@ -72,9 +72,9 @@ def _call(call: Any, index: int) -> dict[str, Any]:
         arguments = {}
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            raise APIError(400, f"tool call arguments are not JSON: {exc.msg}") from exc
+            arguments = bounded_json.loads(arguments)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, JSONLimitError
+            raise APIError(400, f"tool call arguments are not JSON: {exc}") from exc
     if not isinstance(arguments, dict):
         raise APIError(400, "tool call arguments must be an object")
     out: dict[str, Any] = {"type": "function", "function": {

@@ -7,12 +7,12 @@ token by token and is valid JSON (for the schema) in one pass, as Ollama's is.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
 
+from registry import bounded_json
 from server.api_errors import APIError
 
 
@@ -31,8 +31,8 @@ class JSONFormat:
             return cls()
         if isinstance(value, str):
             try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
+                value = bounded_json.loads(value)
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError, JSONLimitError
                 raise APIError(400, f'invalid format: expected "json" or a JSON schema, '
                                     f"got {value!r}") from exc
         if not isinstance(value, dict):

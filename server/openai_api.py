@@ -128,7 +128,7 @@ def _think(body: dict[str, Any]) -> bool | str | None:
     return str(effort)
 
 
-def _options(body: dict[str, Any]) -> dict[str, Any]:
+def options_from(body: dict[str, Any]) -> dict[str, Any]:
     """OpenAI sampling fields under Ollama's option names."""
     options: dict[str, Any] = {}
     for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed")):
@@ -184,8 +184,8 @@ async def chat_completions(request: Request) -> Response:
                                "top_logprobs": body.get("top_logprobs")}, has_images)
     fmt = _format(body)
     think = _think(body)
-    runner_body = chat_runner_body(model, messages, _options(body), body.get("tools"), fmt, True,
-                                   think)
+    runner_body = chat_runner_body(model, messages, options_from(body), body.get("tools"), fmt,
+                                   True, think)
     runner_body.update(logprob_fields(body))
     job = CompletionJob(request.app.state.scheduler, name, runner_body, None, fmt, started,
                         tool_names(body.get("tools")), think_mode(model, think))

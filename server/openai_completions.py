@@ -34,9 +34,11 @@ from server.completion import (
     run_completion,
     start_stream,
 )
-from server.openai_api import FINISH, SSE_DONE, openai_errors, sse_error
+from server.openai_api import FINISH, SSE_DONE, openai_errors, options_from, sse_error
 
-_OPTIONS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed"}
+# Each prompt is a whole generation, run one after another: a list is capped so one request
+# cannot queue an unbounded amount of work.
+MAX_PROMPTS = 16
 
 
 def _prompts(value: Any) -> list[str]:
@@ -44,18 +46,16 @@ def _prompts(value: Any) -> list[str]:
     if not isinstance(prompts, list) or not prompts or not all(
             isinstance(p, str) for p in prompts):
         raise APIError(400, "prompt must be a string or a non-empty list of strings")
+    if len(prompts) > MAX_PROMPTS:
+        raise APIError(400, f"send at most {MAX_PROMPTS} prompts per request (got "
+                            f"{len(prompts)}); split larger batches")
     return prompts
 
 
 def _generate_request(body: dict[str, Any], prompt: str) -> dict[str, Any]:
     """The /api/generate request that answers one prompt."""
-    options = {ours: body[theirs] for theirs, ours in _OPTIONS.items()
-               if body.get(theirs) is not None}
-    if body.get("max_tokens") is not None:
-        options["num_predict"] = body["max_tokens"]
-    if body.get("stop") is not None:
-        options["stop"] = [body["stop"]] if isinstance(body["stop"], str) else body["stop"]
-    out: dict[str, Any] = {"model": body.get("model"), "prompt": prompt, "options": options}
+    out: dict[str, Any] = {"model": body.get("model"), "prompt": prompt,
+                           "options": options_from(body)}
     if body.get("suffix"):
         out["suffix"] = body["suffix"]
     top = body.get("logprobs")

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import subprocess
 import threading
 import time
@@ -21,6 +22,16 @@ import httpx
 from registry.errors import FerryError
 
 log = logging.getLogger("ferry.runner")
+
+
+# An absolute path of two or more directories (not a URL's path): a traceback line names the
+# server's files, which a client must not see.
+_SERVER_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"/:,]+/){2,}([^\s'\"/:,]+)")
+
+
+def without_paths(text: str) -> str:
+    """`text` with absolute server paths cut to their last component."""
+    return _SERVER_PATH.sub(r"\1", text)
 
 
 class RunnerError(FerryError):
@@ -147,7 +158,8 @@ class RunnerProcess:
         if code is None:
             return f"lost connection to the runner for {self.name}: {cause or 'no response'}"
         text = f"runner process for {self.name} has terminated (exit status {code})"
-        return f"{text}: {self.stderr.last}" if self.stderr.last else text
+        last = without_paths(self.stderr.last) if self.stderr.last else ""
+        return f"{text}: {last}" if last else text
 
     # -- protocol ------------------------------------------------------------------------------
 

@@ -258,7 +258,8 @@ class Scheduler:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.PIPE, env=env)
         except OSError as exc:
-            raise RunnerError(f"could not start the runner for {key}: {exc}") from exc
+            raise RunnerError(f"could not start the runner for {key}: "
+                              f"{exc.strerror or type(exc).__name__}") from exc
         runner = RunnerProcess(key, digest, port, process, size)
         runner.take()
         self._runners[_key(key)] = runner

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import ipaddress
 import sys
 from pathlib import Path
 
 from ferry.client import CLIError
 from ferry.commands.serve import tls_options
 from ferry.config import Settings
+from server.browser_guard import is_loopback_host
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -200,7 +200,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     where = (f"s3://{settings.registry_s3_bucket}/{settings.registry_s3_prefix}"
              if settings.registry_s3_bucket else str(settings.registry_root))
     scheme = "https" if tls else "http"
-    if settings.registry_auth and not tls and not _is_loopback(settings.registry_host):
+    if settings.registry_auth and not tls and not is_loopback_host(settings.registry_host):
         print("warning: passwords and tokens cross the network in clear text; serve TLS "
               "(--tls-cert/--tls-key) or put a TLS proxy in front", file=sys.stderr)
     access = f"auth from {settings.registry_auth}" if settings.registry_auth else "OPEN: no auth"
@@ -215,18 +215,11 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def _refuse_open_exposure(settings: Settings) -> None:
     """An open registry lets anyone push and delete: only on loopback unless asked for."""
     if settings.registry_auth or settings.registry_allow_anonymous_writes:
         return
-    if not _is_loopback(settings.registry_host):
+    if not is_loopback_host(settings.registry_host):
         raise CLIError(f"refusing to serve an open registry on {settings.registry_host}: "
                        "anyone who can reach it could push, overwrite and delete. Pass --auth "
                        "FILE (see `ferry registry user add`), or --allow-anonymous-writes if "

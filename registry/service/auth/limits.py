@@ -54,9 +54,14 @@ class RequestBuckets:
         return (1 - bucket.tokens) / self.rate
 
     def _forget_full(self, now: float) -> None:
-        """Drop buckets that have refilled: forgetting them changes nothing."""
+        """Drop buckets that have refilled: forgetting them changes nothing. Under a flood of
+        new clients none may have refilled: then the least recently used half goes, so the
+        table stays bounded (and the rebuild happens once per _MAX_CLIENTS / 2 new clients)."""
         self._buckets = {k: b for k, b in self._buckets.items()
                          if b.tokens + (now - b.updated) * self.rate < self.burst}
+        if len(self._buckets) >= _MAX_CLIENTS:
+            recent = sorted(self._buckets.items(), key=lambda kv: kv[1].updated)
+            self._buckets = dict(recent[len(recent) // 2:])
 
 
 @dataclass

@@ -23,6 +23,9 @@ MAX_SKEW = 300.0
 _SIGNED = re.compile(r"^([A-Za-z0-9+/]{20,200}={0,2}):([A-Za-z0-9+/]{80,100}={0,2})$")
 
 
+MAX_NONCE = 128  # characters of a request's nonce
+MAX_NONCES = 10_000  # nonces remembered for replay checks
+
 class SignatureInvalid(ValueError):
     """The header is signed-looking but does not verify; the message is safe to show."""
 
@@ -62,7 +65,15 @@ class SignatureChecker:
         now = time.time()
         if ts is None or not ts.isdigit() or abs(now - int(ts)) > self.max_skew:
             raise SignatureInvalid("the signed request's ts is missing or too far from now")
-        if len(self._nonces) > 10000:
+        if nonce is not None and len(nonce) > MAX_NONCE:
+            raise SignatureInvalid(f"the signed request's nonce is longer than {MAX_NONCE}")
+        if len(self._nonces) > MAX_NONCES:
+            # Any key signs (an unknown one is anonymous), so a flood of fresh nonces must not
+            # grow the table: expired ones go, and if that is not enough the older half goes
+            # (insertion order is time order).
             self._nonces = {n: t for n, t in self._nonces.items() if now - t <= self.max_skew * 2}
+            if len(self._nonces) > MAX_NONCES // 2:
+                kept = list(self._nonces.items())[-(MAX_NONCES // 2):]
+                self._nonces = dict(kept)
         if nonce and nonce in self._nonces:
             raise SignatureInvalid("the signed request was replayed (nonce already used)")

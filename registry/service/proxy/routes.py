@@ -133,6 +133,9 @@ async def _blob(request: Request, proxy: Proxy, client: UpstreamClient, repo: st
     if await blobs.stat(repo, digest) is None:
         state = "fetched"
         if await blobs.stat_anywhere(digest) is not None:
+            # Stored for another repository, perhaps a local one: link it only once the
+            # upstream confirms it serves this digest here, so no private blob leaks.
+            await _upstream_size(client, repo, digest)
             await blobs.link(repo, digest)
         elif request.method == "HEAD":
             return await _head_upstream(client, repo, digest)
@@ -145,15 +148,20 @@ async def _blob(request: Request, proxy: Proxy, client: UpstreamClient, repo: st
     return response
 
 
-async def _head_upstream(client: UpstreamClient, repo: str, digest: Digest) -> Response:
-    """A HEAD for a blob the cache lacks: ask upstream, fetch nothing."""
+async def _upstream_size(client: UpstreamClient, repo: str, digest: Digest) -> int | None:
+    """The blob's size as the upstream reports it for `repo`; BLOB_UNKNOWN when it has none."""
     try:
-        size = await client.config.retry.run("checking the blob",
+        return await client.config.retry.run("checking the blob",
                                              lambda _n: client.blob_size(repo, digest))
     except RegistryNotFound as exc:
         raise RegistryError("BLOB_UNKNOWN", detail={"digest": str(digest)}) from exc
     except UPSTREAM_ERRORS as exc:
         raise upstream_failed(client, exc) from exc
+
+
+async def _head_upstream(client: UpstreamClient, repo: str, digest: Digest) -> Response:
+    """A HEAD for a blob the cache lacks: ask upstream, fetch nothing."""
+    size = await _upstream_size(client, repo, digest)
     headers = {"Docker-Content-Digest": str(digest), "Content-Type": "application/octet-stream",
                "X-Ferry-Cache": "upstream"}
     if size is not None:
