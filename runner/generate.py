@@ -296,18 +296,8 @@ class Generator:
                 return
             sequence = shifted(sequence, num_keep)
             cache = new_caches(self.model)
-            self._evaluate(sequence[:-1], cache, cancelled)
+            self.prefill(Match(0, cache, sequence), cancelled)  # fresh, outside the trie
             self.shifted = True
-
-    def _evaluate(self, tokens: list[int], cache: list[Cache],
-                  cancelled: Callable[[], bool]) -> None:
-        """Prefill fresh target caches (a shifted context) in chunks, outside the prefix cache."""
-        for start in range(0, len(tokens), self.prefill_chunk):
-            if cancelled():
-                return
-            self.model(mx.array(tokens[start:start + self.prefill_chunk])[None], cache)
-            mx.eval([c.state for c in cache])
-            self.release()
 
     def _constrained_rounds(self, prompt: list[int], cache: list[Cache], sampler: Sampler,
                             budget: int, cancelled: Callable[[], bool],

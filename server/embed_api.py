@@ -45,6 +45,11 @@ def _dimensions(value: Any) -> int | None:
     return value
 
 
+# One request's inputs are embedded together and answered in one body; the runner groups them
+# by a padded-token budget, so this only bounds the work and the reply one request can ask for.
+MAX_INPUTS = 2048
+
+
 def _texts(value: Any, allow_empty: bool = True) -> list[str]:
     """`input`: a string or a list of strings; an empty string is no input, as in Ollama."""
     if isinstance(value, str):
@@ -57,6 +62,9 @@ def _texts(value: Any, allow_empty: bool = True) -> list[str]:
         raise APIError(400, "input must be a string or a list of strings")
     if not texts and not allow_empty:
         raise APIError(400, "input must not be empty")
+    if len(texts) > MAX_INPUTS:
+        raise APIError(400, f"at most {MAX_INPUTS} inputs per request (got {len(texts)}); "
+                            "split larger batches")
     return texts
 
 

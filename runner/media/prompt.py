@@ -52,8 +52,20 @@ def mark_images(body: dict[str, Any], sentinel: str) -> tuple[dict[str, Any], li
         return {**body, "messages": messages}, found
     if body.get("images") and isinstance(body.get("prompt"), str):
         found = [image_bytes(v) for v in _as_list(body["images"])]
-        return {**body, "prompt": sentinel * len(found) + body["prompt"]}, found
-    return body, found
+        return {**body, "prompt": sentinel * len(found) + body["prompt"]}, _capped(found)
+    return body, _capped(found)
+
+
+# Each image is decoded, preprocessed (several MB of float32) and encoded before the prompt is
+# fitted to the context: the count is capped before any of that.
+MAX_IMAGES = 16
+
+
+def _capped(found: list[bytes]) -> list[bytes]:
+    if len(found) > MAX_IMAGES:
+        raise MediaError(f"at most {MAX_IMAGES} images per request (got {len(found)}); send "
+                         "fewer or split the conversation")
+    return found
 
 
 def _as_list(value: Any) -> list[Any]:

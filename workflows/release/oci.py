@@ -29,6 +29,7 @@ import httpx
 from registry import bounded_json
 from registry import media_types as mt
 from registry.errors import FerryError
+from registry.manifests import MAX_MANIFEST_BYTES
 from registry.transfer.auth import Authenticator
 from registry.transfer.client import send_authorized
 from registry.transfer.errors import TransientStatus
@@ -133,10 +134,9 @@ class OCIReleaseStore:
             content, bytes) else content
         reply = await send_authorized(self.session, self.auth, method, url, headers=headers,
                                       content=body)
-        try:
-            data = await reply.response.aread()
-        finally:
-            await reply.aclose()
+        # Every reply read here is a manifest or a small status body: capped like a manifest,
+        # so a misbehaving registry cannot make the publisher hold an unbounded body.
+        data = await reply.read_capped(MAX_MANIFEST_BYTES, "registry reply")
         return _Answer(reply.status, reply.response.headers, data, reply.url)
 
     # -- manifests ----------------------------------------------------------------------------
