@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from ferry import __version__, commands
 from ferry.client import CLIError
+from ferry.commands.run import attach_flag_defaults
 from ferry.config import ConfigError, Settings
 from ferry.home import make_home
 
@@ -40,7 +41,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser, by_name = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(
+        attach_flag_defaults(sys.argv[1:] if argv is None else argv))
+    # Words after a flag (`ferry run m --verbose why?`) continue a command's trailing positional,
+    # as cobra allows; anything else unrecognised is still an error.
+    spill = getattr(args, "words_continue", None)
+    if extra and (spill is None or any(word.startswith("-") for word in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        getattr(args, spill).extend(extra)
     if args.command is None:
         parser.print_help()
         return 0

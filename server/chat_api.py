@@ -147,7 +147,7 @@ async def _load_or_unload(request: Request, kind: str, model: ModelDefaults, sho
         await scheduler.unload(model.name)
         stats.done_reason = "unload"
     else:
-        lease = await scheduler.acquire(model.name, keep_alive)
+        lease = await scheduler.acquire(model, keep_alive)
         lease.release()
         stats.load_duration = int(lease.load_duration * 1e9)
     return JSONResponse(_final(kind, shown, stats))
@@ -169,7 +169,7 @@ async def generate(request: Request) -> Response:
     fmt = JSONFormat.parse(body.get("format"))
     think = think_mode(model, body.get("think"))
     runner_body = generate_runner_body(model, body, prompt, fmt)
-    job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started,
+    job = CompletionJob(_scheduler(request), model, runner_body, keep_alive, fmt, started,
                         think=think)
     return await _respond(request, "response", shown, job,
                           body.get("stream", True) is not False)
@@ -242,7 +242,7 @@ async def chat(request: Request) -> Response:
     runner_body.update(logprob_fields(body))
     if body.get("shift") is False:
         runner_body["shift"] = False
-    job = CompletionJob(_scheduler(request), model.name, runner_body, keep_alive, fmt, started,
+    job = CompletionJob(_scheduler(request), model, runner_body, keep_alive, fmt, started,
                         tool_names(body.get("tools")), think)
     return await _respond(request, "message", shown, job,
                           body.get("stream", True) is not False)

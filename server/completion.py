@@ -17,10 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.names import Name
 from server.json_format import JSONFormat
 from server.output_parser import Calls, OutputParser, Thinking, ThinkMode
-from server.scheduler import Lease, Scheduler
+from server.scheduler import Lease, ResolvedModel, Scheduler
 from server.tool_calls import ToolCall
 
 
@@ -74,7 +73,7 @@ class CompletionJob:
     """What to run: the runner request body (docs/runner-protocol.md) and how to hold the model."""
 
     scheduler: Scheduler
-    name: Name
+    model: ResolvedModel
     body: dict[str, Any]
     keep_alive: float | None
     fmt: JSONFormat | None
@@ -85,7 +84,7 @@ class CompletionJob:
 
 async def run_completion(job: CompletionJob) -> AsyncIterator[Item]:
     """Text pieces (and Calls), then one Stats. The runner is released however this ends."""
-    lease = await job.scheduler.acquire(job.name, job.keep_alive)
+    lease = await job.scheduler.acquire(job.model, job.keep_alive)
     try:
         stats = Stats(load_duration=int(lease.load_duration * 1e9))
         async for piece in _parsed(lease, job, stats):

@@ -74,7 +74,7 @@ async def run_embed(request: Request, model: ModelDefaults, body: dict[str, Any]
     the runner's answer plus `load_duration` (ns). No texts: the model is only loaded."""
     options = merge_options(model, body.get("options"))
     keep_alive = parse_keep_alive(body.get("keep_alive"))
-    lease = await request.app.state.scheduler.acquire(model.name, keep_alive)
+    lease = await request.app.state.scheduler.acquire(model, keep_alive)
     try:
         result: dict[str, Any] = {"embeddings": [], "prompt_eval_count": 0}
         if texts:

@@ -187,7 +187,7 @@ async def chat_completions(request: Request) -> Response:
     runner_body = chat_runner_body(model, messages, options_from(body), body.get("tools"), fmt,
                                    True, think)
     runner_body.update(logprob_fields(body))
-    job = CompletionJob(request.app.state.scheduler, name, runner_body, None, fmt, started,
+    job = CompletionJob(request.app.state.scheduler, model, runner_body, None, fmt, started,
                         tool_names(body.get("tools")), think_mode(model, think))
     base = {"id": f"chatcmpl-{secrets.token_hex(8)}", "created": int(time.time()),
             "model": body["model"], "system_fingerprint": "fp_ferry"}

@@ -120,7 +120,7 @@ async def completions(request: Request) -> Response:
 
 def _job(request: Request, model: ModelDefaults, generate: dict[str, Any]) -> CompletionJob:
     runner_body = generate_runner_body(model, generate, generate["prompt"], None)
-    return CompletionJob(request.app.state.scheduler, model.name, runner_body, None, None,
+    return CompletionJob(request.app.state.scheduler, model, runner_body, None, None,
                          time.monotonic())
 
 

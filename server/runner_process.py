@@ -108,6 +108,7 @@ class RunnerProcess:
         self.stop_when_idle = False
         self.ready: asyncio.Task[None]
         self._timer: asyncio.TimerHandle | None = None
+        self._http: httpx.AsyncClient | None = None
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -163,32 +164,43 @@ class RunnerProcess:
 
     # -- protocol ------------------------------------------------------------------------------
 
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """One keep-alive connection pool per runner, so a request costs no new TCP connection;
+        made on first use (inside the event loop) and closed by `aclose`."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(base_url=self.base_url,
+                                           timeout=httpx.Timeout(None, connect=10.0))
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
     async def wait_ready(self, timeout: float, interval: float) -> None:
         """Poll GET /v1/status until "ready"; raise RunnerError on exit, stop or timeout."""
         deadline = time.monotonic() + timeout
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while True:
-                if self.stopping:
-                    raise RunnerError(f"the runner for {self.name} was stopped while loading")
-                if not self.alive:
-                    raise RunnerError(await self.failure_message())
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    response = await client.get(f"{self.base_url}/v1/status")
-                    if response.status_code == 200 and isinstance(response.json(), dict):
-                        self.status = response.json()
-                        if self.status.get("status") == "ready":
-                            return
-                if time.monotonic() > deadline:
-                    raise RunnerError(f"timed out waiting for {self.name} to load after "
-                                      f"{timeout:g}s (FERRY_LOAD_TIMEOUT)")
-                await asyncio.sleep(interval)
+        while True:
+            if self.stopping:
+                raise RunnerError(f"the runner for {self.name} was stopped while loading")
+            if not self.alive:
+                raise RunnerError(await self.failure_message())
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                response = await self.http.get("/v1/status", timeout=2.0)
+                if response.status_code == 200 and isinstance(response.json(), dict):
+                    self.status = response.json()
+                    if self.status.get("status") == "ready":
+                        return
+            if time.monotonic() > deadline:
+                raise RunnerError(f"timed out waiting for {self.name} to load after "
+                                  f"{timeout:g}s (FERRY_LOAD_TIMEOUT)")
+            await asyncio.sleep(interval)
 
     async def complete(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """POST /v1/completions; yield each message up to and including the `done` one."""
         try:
-            async with (httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0)) as client,
-                        client.stream("POST", f"{self.base_url}/v1/completions",
-                                      json=body) as response):
+            async with self.http.stream("POST", "/v1/completions", json=body) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     raise RunnerError(_error_text(response), response.status_code)
@@ -210,8 +222,7 @@ class RunnerProcess:
     async def embed(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST /v1/embed: the runner's vectors and counters for one batch."""
         try:
-            async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0)) as client:
-                response = await client.post(f"{self.base_url}/v1/embed", json=body)
+            response = await self.http.post("/v1/embed", json=body)
             if response.status_code >= 400:
                 raise RunnerError(_error_text(response), response.status_code)
             result = response.json()

@@ -97,6 +97,15 @@ def _key(name: str) -> str:
     return name.lower()
 
 
+class ResolvedModel(Protocol):
+    """A model whose manifest the caller already read (server.chat_request.ModelDefaults):
+    the runner is then the one for exactly that manifest, with no second read of the store."""
+
+    name: Name
+    digest: str
+    manifest: Manifest
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -158,12 +167,17 @@ class Scheduler:
 
     # -- public API ----------------------------------------------------------------------------
 
-    async def acquire(self, name: Name, keep_alive: float | None = None) -> Lease:
-        """A ready runner for `name`, loading it (and evicting others) when needed."""
+    async def acquire(self, model: Name | ResolvedModel, keep_alive: float | None = None) -> Lease:
+        """A ready runner for `model`, loading it (and evicting others) when needed. A bare name
+        is looked up in the store; a resolved model is run as the caller read it."""
         keep = self.settings.keep_alive if keep_alive is None else keep_alive
-        entry = await asyncio.to_thread(self.store.get_model, name)
+        if isinstance(model, Name):
+            entry = await asyncio.to_thread(self.store.get_model, model)
+            name, manifest, digest = model, entry.manifest(), entry.digest.hex
+        else:
+            name, manifest, digest = model.name, model.manifest, model.digest
         started = time.monotonic()
-        runner = await self._reserve(str(name), entry.manifest(), entry.digest.hex)
+        runner = await self._reserve(str(name), manifest, digest)
         try:
             await asyncio.shield(runner.ready)
         except BaseException:
@@ -316,6 +330,7 @@ class Scheduler:
         """Kill and reap `runner`, then forget it (caller holds the lock)."""
         runner.cancel_expiry()
         await asyncio.to_thread(runner.stop, self.stop_grace)
+        await runner.aclose()
         if self._runners.get(_key(runner.name)) is runner:
             del self._runners[_key(runner.name)]
         self._cond.notify_all()

@@ -124,3 +124,22 @@ def test_show_save_load_and_format_in_a_session(served):
     assert answer.startswith(("{", "[")), answer
     term.send("/bye")
     assert term.wait() == 0
+
+
+def test_a_prompt_after_a_bare_think_is_the_prompt_not_the_level(served):
+    # Ollama's CLI: only --think=LEVEL carries a level; a bare --think is --think=true.
+    out = _run(served, "--think", "weather?")
+    assert out == ("Thinking...\nThe user wants weather\n...done thinking.\n\n"
+                   "Let me check.\n")
+
+
+def test_think_level_and_bare_think_parse_as_ollama_does():
+    from ferry.commands.run import attach_flag_defaults
+
+    assert attach_flag_defaults(["run", "m", "--think", "hi"]) == ["run", "m", "--think=true", "hi"]
+    assert attach_flag_defaults(["run", "m", "--think=low"]) == ["run", "m", "--think=low"]
+    assert attach_flag_defaults(["run", "m", "--", "--think"]) == ["run", "m", "--", "--think"]
+
+
+def test_prompt_words_may_follow_flags(served):
+    assert _run(served, "--think=false", "weather?") == "Let me check.\n"

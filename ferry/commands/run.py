@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,15 +38,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--format", help='"json" or a JSON schema the answer must match')
     run.add_argument("--keepalive", help="how long the model stays loaded (5m, 1h, 0, -1)")
     run.add_argument("--verbose", action="store_true", help="print timings after each answer")
-    run.add_argument("--think", nargs="?", const="true", choices=["true", "false", *LEVELS],
-                     help="let a reasoning model think first (optionally: low, medium, high)")
+    run.add_argument("--think", choices=["true", "false", *LEVELS],
+                     help="let a reasoning model think first; a level or false goes after "
+                          "an equals sign: --think=high, --think=false")
     run.add_argument("--hidethinking", action="store_true",
                      help="reason, but print only the answer")
     run.add_argument("--nowordwrap", action="store_true",
                      help="do not wrap words at the terminal width")
     run.add_argument("--insecure", action="store_true",
                      help="when pulling, allow a private registry over plain http")
-    run.set_defaults(func=run_model)
+    run.set_defaults(func=run_model, words_continue="prompt")
 
     ps = sub.add_parser("ps", help="list the models loaded in runners")
     ps.set_defaults(func=run_ps)
@@ -53,6 +55,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     stop = sub.add_parser("stop", help="unload a running model")
     stop.add_argument("model")
     stop.set_defaults(func=run_stop)
+
+
+def attach_flag_defaults(argv: Sequence[str]) -> list[str]:
+    """A bare `--think` means `--think=true`, and only `--think=LEVEL` carries a level, as in
+    Ollama's CLI: `ferry run m --think "why?"` then reads "why?" as the prompt, not the level.
+    Arguments after `--` are left alone."""
+    out: list[str] = []
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            return out + list(argv[index:])
+        out.append("--think=true" if arg == "--think" else arg)
+    return out
 
 
 # -- run -------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import httpx
@@ -51,11 +52,8 @@ def parse_challenge(header: str) -> Challenge:
 
 def load_credentials(path: Path, registry: str) -> tuple[str, str] | None:
     """(username, password) saved by `ferry login` for `registry` (host[:port]), or None."""
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    entry = (data.get("auths") or {}).get(registry.lower()) if isinstance(data, dict) else None
+    auths = _read_auths_file(path).get("auths")
+    entry = auths.get(registry.lower()) if isinstance(auths, dict) else None
     if not isinstance(entry, dict):
         return None
     user, password = entry.get("username"), entry.get("password")
@@ -64,16 +62,17 @@ def load_credentials(path: Path, registry: str) -> tuple[str, str] | None:
     return None
 
 
-def save_credentials(path: Path, registry: str, username: str, password: str) -> None:
-    """Add or replace one registry's credentials; the file is created 0600."""
+def _read_auths_file(path: Path) -> dict[str, Any]:
+    """The credentials file's JSON object; an absent or unreadable file is an empty one."""
     try:
         data = json.loads(path.read_text())
     except (FileNotFoundError, ValueError):
-        data = {}
-    if not isinstance(data, dict):
-        data = {}
-    data.setdefault("auths", {})[registry.lower()] = {"username": username,
-                                                       "password": password}
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_auths_file(path: Path, data: dict[str, Any]) -> None:
+    """Replace the file atomically, created 0600 so no other user can read the passwords."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -82,21 +81,24 @@ def save_credentials(path: Path, registry: str, username: str, password: str) ->
     os.replace(tmp, path)
 
 
+def save_credentials(path: Path, registry: str, username: str, password: str) -> None:
+    """Add or replace one registry's credentials."""
+    data = _read_auths_file(path)
+    auths = data.get("auths")
+    if not isinstance(auths, dict):
+        auths = data["auths"] = {}
+    auths[registry.lower()] = {"username": username, "password": password}
+    _write_auths_file(path, data)
+
+
 def remove_credentials(path: Path, registry: str) -> bool:
     """Forget one registry's credentials (`ferry logout`); False when none were saved."""
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return False
-    auths = data.get("auths") if isinstance(data, dict) else None
+    data = _read_auths_file(path)
+    auths = data.get("auths")
     if not isinstance(auths, dict) or registry.lower() not in auths:
         return False
     del auths[registry.lower()]
-    tmp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-    os.replace(tmp, path)
+    _write_auths_file(path, data)
     return True
 
 
