@@ -111,7 +111,7 @@ class ModelTokenizer:
         level, `reasoning_effort` (gpt-oss); unset, the template's own default stands."""
         go_template = template or self.go_template
         if go_template is not None:
-            return go_template.render(messages, suffix)
+            return go_template.render(messages, suffix, tools=tools, think=think)
         if self.hf_template is None:
             return "".join(str(m.get("content") or "") for m in messages)
         extra: dict[str, Any] = {}

@@ -76,9 +76,10 @@ def test_modelfile_template_prompt_form_renders_each_turn_and_stops_at_response(
     assert template.render(turns) == "S:Be brief. U:Hi! A:Hello.</s>-U:Bye A:"
 
 
-@pytest.mark.parametrize("source", ["{{ .Tools }}", "{{ range .Tools }}{{ end }}",
-                                    "{{ template \"x\" }}", "{{ if .System }}open",
-                                    "{{ json .Prompt }}"])
+@pytest.mark.parametrize("source", ["{{ template \"x\" }}", "{{ if .System }}open",
+                                    "{{ define \"x\" }}{{ end }}", "{{ nosuchfunc .Prompt }}",
+                                    "{{ end }}", "{{ .Prompt", "{{ range .Messages }}{{ else if "
+                                    ".X }}{{ end }}", "{{/* open comment }}"])
 def test_unsupported_template_is_a_clear_error(source):
     with pytest.raises(TemplateError, match="template"):
         GoTemplate(source)
