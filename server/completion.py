@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.json_format import JSONFormat
-from server.output_parser import Calls, OutputParser, Thinking, ThinkMode
+from server.output_parser import Calls, OutputParser, Thinking, ThinkMode, parser_for
 from server.scheduler import Lease, ResolvedModel, Scheduler
 from server.tool_calls import ToolCall
 
@@ -112,7 +112,10 @@ async def _plain(lease: Lease, body: dict[str, Any], stats: Stats,
 async def _parsed(lease: Lease, job: CompletionJob,
                   stats: Stats) -> AsyncIterator[str | Thinking | Calls | Logprobs]:
     # a grammar-constrained answer is the JSON itself: nothing in it is reasoning
-    parser = OutputParser(ThinkMode.OFF if job.fmt is not None else job.think, job.tool_names)
+    # the model's output format: ModelDefaults carries its config and template
+    family = getattr(getattr(job.model, "config", None), "model_family", None) or ""
+    parser = parser_for(ThinkMode.OFF if job.fmt is not None else job.think, job.tool_names,
+                        family, getattr(job.model, "template", "") or "")
     async for text in _plain(lease, job.body, stats, parser):
         if isinstance(text, Logprobs):
             yield text

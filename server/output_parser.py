@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import ClassVar
 
-from server.tool_calls import ToolCall, parse_tool_calls
+from server.tool_calls import ToolCall, parse_nemotron_calls, parse_tool_calls
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+NEMOTRON_CALL_OPEN, NEMOTRON_CALL_CLOSE = "<TOOLCALL>", "</TOOLCALL>"  # Nemotron Nano v2
 _UNTAGGED_STARTS = ("{", "[", "<|python_tag|>")
 
 
@@ -55,11 +57,16 @@ def _held(text: str, tag: str) -> int:
 class OutputParser:
     """Feed text pieces in order; `finish` once the answer ends."""
 
+    # each opening tag of a call, and its closing tag
+    CALL_TAGS: ClassVar[dict[str, str]] = {CALL_OPEN: CALL_CLOSE}
+    UNTAGGED = True  # whether a call may come without tags (bare JSON, [TOOL_CALLS], ...)
+
     def __init__(self, think: ThinkMode, tool_names: set[str]) -> None:
         self.think = think
         self.names = tool_names
         self.state = "start" if think is not ThinkMode.OFF else "answer"
         self.buffer = ""
+        self.opened = CALL_OPEN  # the opening tag of the call being read
         self.answered = False  # some answer text went out (an untagged call can no longer start)
         self.calls = 0
         self.trim = False
@@ -87,8 +94,8 @@ class OutputParser:
         if self.state == "thinking" and self.think is ThinkMode.SHOW and rest:
             out.append(Thinking(rest))
         elif self.state in ("untagged", "call"):
-            opened = CALL_OPEN if self.state == "call" else ""
-            content, calls = parse_tool_calls(opened + rest, self.names)
+            opened = self.opened if self.state == "call" else ""
+            content, calls = self._parse(opened + rest)
             out += [content] if content else []
             out += [Calls(self._number(calls))] if calls else []
         elif self.state != "thinking" and rest and not (self.calls and not rest.strip()):
@@ -123,7 +130,7 @@ class OutputParser:
             self.trim = not self.buffer
             if self.trim:
                 return False
-        if self.names and not self.answered:
+        if self.names and not self.answered and self.UNTAGGED:
             stripped = self.buffer.lstrip()
             if stripped.startswith(_UNTAGGED_STARTS) or stripped.startswith("[TOOL_CALLS]"):
                 self.state = "untagged"
@@ -131,9 +138,9 @@ class OutputParser:
             if not stripped or "[TOOL_CALLS]".startswith(stripped) or \
                     "<|python_tag|>".startswith(stripped):
                 return False
-        start = self.buffer.find(CALL_OPEN) if self.names else -1
+        start, self.opened = self._first_call() if self.names else (-1, self.opened)
         cut = start if start >= 0 else len(self.buffer) - (
-            _held(self.buffer, CALL_OPEN) if self.names else 0)
+            max(_held(self.buffer, tag) for tag in self.CALL_TAGS) if self.names else 0)
         text = self.buffer[:cut]
         if self.names:  # whitespace before a call is layout, not answer: hold it
             text = text.rstrip()
@@ -143,16 +150,25 @@ class OutputParser:
         if start < 0:
             self.buffer = self.buffer[len(text):]
             return False
-        self.buffer, self.state = self.buffer[start + len(CALL_OPEN):], "call"
+        self.buffer, self.state = self.buffer[start + len(self.opened):], "call"
         return True
 
+    def _first_call(self) -> tuple[int, str]:
+        """Where the first call tag in the buffer starts (-1: none), and which tag it is."""
+        found = [(i, tag) for tag in self.CALL_TAGS if (i := self.buffer.find(tag)) >= 0]
+        return min(found) if found else (-1, self.opened)
+
+    def _parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        return parse_tool_calls(text, self.names)
+
     def _call(self, out: list[Piece]) -> bool:
-        end = self.buffer.find(CALL_CLOSE)
+        close = self.CALL_TAGS[self.opened]
+        end = self.buffer.find(close)
         if end < 0:
             return False
-        whole = CALL_OPEN + self.buffer[:end + len(CALL_CLOSE)]
-        self.buffer, self.state = self.buffer[end + len(CALL_CLOSE):], "answer"
-        content, calls = parse_tool_calls(whole, self.names)
+        whole = self.opened + self.buffer[:end + len(close)]
+        self.buffer, self.state = self.buffer[end + len(close):], "answer"
+        content, calls = self._parse(whole)
         if calls:
             out.append(Calls(self._number(calls)))
         elif content:
@@ -163,3 +179,41 @@ class OutputParser:
         numbered = [call.numbered(self.calls + i) for i, call in enumerate(calls)]
         self.calls += len(calls)
         return numbered
+
+
+class NemotronParser(OutputParser):
+    """Nemotron's format: reasoning in `<think>`, which a call may end without `</think>` (as
+    Ollama's nemotron3nano parser allows); calls as XML (`<tool_call><function=NAME>
+    <parameter=KEY>VALUE</parameter></function></tool_call>`, Nemotron 3) or as a JSON list
+    in `<TOOLCALL>…</TOOLCALL>` (Nemotron Nano v2). Nothing untagged is a call."""
+
+    CALL_TAGS: ClassVar[dict[str, str]] = {CALL_OPEN: CALL_CLOSE,
+                                           NEMOTRON_CALL_OPEN: NEMOTRON_CALL_CLOSE}
+    UNTAGGED = False
+
+    def _thinking(self, out: list[Piece]) -> bool:
+        start, opened = self._first_call() if self.names else (-1, self.opened)
+        close = self.buffer.find(THINK_CLOSE)
+        if close >= 0 and (start < 0 or close < start):
+            return super()._thinking(out)
+        tags = [THINK_CLOSE, *(self.CALL_TAGS if self.names else ())]
+        cut = start if start >= 0 else len(self.buffer) - max(_held(self.buffer, t) for t in tags)
+        if cut and self.think is ThinkMode.SHOW:
+            out.append(Thinking(self.buffer[:cut]))
+        self.buffer = self.buffer[cut:]
+        if start < 0:
+            return False
+        self.state, self.opened = "answer", opened  # a call ended the reasoning
+        return True
+
+    def _parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        return parse_nemotron_calls(text, self.names)
+
+
+def parser_for(think: ThinkMode, tool_names: set[str], family: str = "",
+               template: str = "") -> OutputParser:
+    """The parser of a model's output format: Nemotron's for the nemotron families or a
+    template that teaches its call markup, else the general one."""
+    nemotron = family.startswith("nemotron") or any(
+        mark in template for mark in (NEMOTRON_CALL_OPEN, "<function="))
+    return (NemotronParser if nemotron else OutputParser)(think, tool_names)

@@ -16,6 +16,10 @@ from typing import Any
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _MISTRAL = "[TOOL_CALLS]"
+_NEMOTRON_JSON = re.compile(r"<TOOLCALL>\s*(.*?)\s*(?:</TOOLCALL>|$)", re.DOTALL)
+_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)",
+                        re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -87,3 +91,43 @@ def _calls(value: Any, names: set[str]) -> list[ToolCall]:
             return []
         calls.append(ToolCall(name, arguments))
     return calls
+
+
+def parse_nemotron_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+    """Nemotron's calls: `<TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>` (Nano v2) and
+    `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>`
+    (Nemotron 3, Qwen3-Coder's markup). A closing tag cut off by the end of the answer is
+    forgiven; any block that is not a call to an offered name leaves the whole text as text."""
+    if not names:
+        return text, []
+    calls: list[ToolCall] = []
+    for body in _NEMOTRON_JSON.findall(text):
+        calls += _calls(_load(body), names) or [_NOT_A_CALL]
+    for body in _TAGGED.findall(text):
+        calls += _xml_calls(body, names) or _calls(_load(body), names) or [_NOT_A_CALL]
+    if not calls or _NOT_A_CALL in calls:
+        return text, []
+    return _TAGGED.sub("", _NEMOTRON_JSON.sub("", text)).strip(), calls
+
+
+_NOT_A_CALL = ToolCall("", {}, id="")
+
+
+def _xml_calls(body: str, names: set[str]) -> list[ToolCall]:
+    calls = []
+    for name, inner in _FUNCTION.findall(body):
+        if name.strip() not in names:
+            return []
+        arguments = {key.strip(): _xml_value(value) for key, value in _PARAMETER.findall(inner)}
+        calls.append(ToolCall(name.strip(), arguments))
+    return calls
+
+
+def _xml_value(raw: str) -> Any:
+    """A parameter's text, one newline trimmed each side; JSON literals (numbers, booleans,
+    null, objects, lists) are decoded, as the tool's schema would type them, else text."""
+    value = raw.removeprefix("\n").removesuffix("\n")
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value

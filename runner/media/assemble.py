@@ -1,7 +1,10 @@
 """Prompt ids with image markers + the images -> the ids, spans and pixels a vision model runs.
 
-A vision model offers `image_tokens` (start, end ids and tokens per image), `image_size` (the
-square its tower takes), `encode_images` and `bind_images`; any such model uses this path."""
+A vision model offers `encode_images` (a batch of same-size pixel arrays -> their feature rows)
+and `bind_images`, and one of two ways to make pixels: a fixed-resolution tower (SigLIP) offers
+`image_tokens` (start, end ids and tokens per image) and `image_size` (the square it takes); a
+tiling one (RADIO) offers `image_tiles(image, files)` (an image's tiles) and
+`tiled_image_tokens(files)` (start, end ids and tokens per tile). Any such model uses this path."""
 
 from __future__ import annotations
 
@@ -22,23 +25,36 @@ from runner.media.prompt import MARKER, image_keys
 class ImageRequest:
     tokens: list[int]
     spans: list[tuple[int, int]]
-    pixels: list[np.ndarray] = field(default_factory=list)
+    pixels: list[np.ndarray] = field(default_factory=list)  # per image: (tiles, H, W, 3)
     keys: list[list[int]] = field(default_factory=list)
+
+
+ENCODE_BATCH = 4  # tiles per vision-tower call: bounds the tower's activations
 
 
 def is_vision_model(model: Any) -> bool:
     return callable(getattr(model, "encode_images", None))
 
 
+def _pixels(model: Any, files: dict[str, bytes], images: Sequence[bytes]
+            ) -> tuple[int, int, int, list[np.ndarray]]:
+    """(start id, end id, tokens per tile, each image's tiles); an untiled image is one tile."""
+    if callable(getattr(model, "image_tiles", None)):
+        start, end, count = model.tiled_image_tokens(files)
+        return start, end, count, [model.image_tiles(decode_image(d), files) for d in images]
+    start, end, count = model.image_tokens()
+    processor = ProcessorConfig.from_files(files, model.image_size())
+    return start, end, count, [pixel_values(decode_image(d), processor)[None] for d in images]
+
+
 def assemble(model: Any, files: dict[str, bytes], ids: Sequence[int],
              images: Sequence[bytes]) -> ImageRequest:
     """Decode and preprocess every image (MediaError for bad ones), expand the markers, and
     key each image's run by its content."""
-    start, end, count = model.image_tokens()
-    processor = ProcessorConfig.from_files(files, model.image_size())
-    pixels = [pixel_values(decode_image(data), processor) for data in images]
-    expanded, spans = expand(ids, ImageTokens(MARKER, start, MARKER, end), [count] * len(images))
-    keys = [image_keys(data, count) for data in images]
+    start, end, per_tile, pixels = _pixels(model, files, images)
+    counts = [len(tiles) * per_tile for tiles in pixels]
+    expanded, spans = expand(ids, ImageTokens(MARKER, start, MARKER, end), counts)
+    keys = [image_keys(data, count) for data, count in zip(images, counts, strict=True)]
     for (a, b), run in zip(spans, keys, strict=True):
         expanded[a:b] = run
     if MARKER in expanded:
@@ -47,12 +63,21 @@ def assemble(model: Any, files: dict[str, bytes], ids: Sequence[int],
 
 
 def bind(model: Any, request: ImageRequest) -> None:
-    """Run the vision tower over the request's images and hand the model its feature rows."""
+    """Run the vision tower over the request's tiles, a few at a time, and hand the model the
+    feature row of each image key."""
     if not request.pixels:
         model.bind_images({})
         return
-    features = model.encode_images(mx.array(np.stack(request.pixels)))
-    rows: dict[int, mx.array] = {}
-    for image, run in enumerate(request.keys):
-        rows.update({key: features[image, i] for i, key in enumerate(run)})
-    model.bind_images(rows)
+    tiles = np.concatenate(request.pixels)
+    parts = []
+    for i in range(0, len(tiles), ENCODE_BATCH):
+        part = model.encode_images(mx.array(tiles[i:i + ENCODE_BATCH]))
+        mx.eval(part)
+        parts.append(part.reshape(-1, part.shape[-1]))
+    rows = mx.concatenate(parts)
+    bound: dict[int, mx.array] = {}
+    offset = 0
+    for run in request.keys:
+        bound.update({key: rows[offset + i] for i, key in enumerate(run)})
+        offset += len(run)
+    model.bind_images(bound)

@@ -23,6 +23,8 @@ def decode_image(data: bytes) -> Image.Image:
     """An RGB image from encoded bytes (PNG, JPEG, WebP, GIF, ...)."""
     if not data:
         raise MediaError("image is empty")
+    if _is_audio(data):
+        raise MediaError("audio input is not supported: ferry's runners read images only")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -47,3 +49,11 @@ def _check_size(size: tuple[int, int]) -> None:
     if width * height > MAX_PIXELS:
         raise MediaError(f"image is {width}x{height}, larger than "
                          f"{MAX_PIXELS // 1_000_000} megapixels")
+
+
+def _is_audio(data: bytes) -> bool:
+    """WAV, FLAC, Ogg, MP3 (ID3 tag or a bare frame sync): refused as audio, by name, rather
+    than as an unknown image format."""
+    head = data[:12]
+    return ((head[:4] == b"RIFF" and head[8:12] == b"WAVE") or head[:4] in (b"fLaC", b"OggS")
+            or head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0))

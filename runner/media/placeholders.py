@@ -4,6 +4,7 @@ vision model attends over both ways, and the trie keeps whole)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,3 +39,17 @@ def expand(ids: Sequence[int], tokens: ImageTokens, counts: Sequence[int]
         out.extend([tokens.image] * count)
         out.append(tokens.end)
     return out, spans
+
+
+def token_id(files: dict[str, bytes], content: str) -> int:
+    """The id of a special token (`<img>`) from the model's tokenizer.json: an added token, or
+    else a vocabulary entry. MediaError when the tokenizer has no such token."""
+    raw = files.get("tokenizer.json")
+    tokenizer = json.loads(raw) if raw else {}
+    for added in tokenizer.get("added_tokens") or []:
+        if added.get("content") == content:
+            return int(added["id"])
+    vocab = (tokenizer.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict) and content in vocab:
+        return int(vocab[content])
+    raise MediaError(f"the model's tokenizer has no {content!r} token for images")

@@ -20,7 +20,8 @@ from typing import Any
 from runner.media.decode import MediaError
 
 IMAGE_KEY_BASE = 1 << 30
-_HASH_BITS, _RUN_BITS = 20, 10  # keys stay below 2**31 (int32 token arrays)
+_HASH_BITS, _RUN_BITS = 18, 12  # keys stay below 2**31 (int32 token arrays); a run of
+# up to 4096 tokens holds a 13-tile Nemotron image (3328)
 MARKER = -1  # where an image goes, before expansion
 
 

@@ -22,7 +22,8 @@ from workflows.create.inventory import Inventory, TensorInfo
 MIN_QUANT_ELEMENTS = 1024
 _UNQUANTIZED_MARKERS = ("embed", "norm", "ln_", "layernorm")
 _TOWER_MARKERS = ("audio_tower", "embed_audio", "vision_tower", "vision_model", "visual.",
-                  "multi_modal_projector", "mm_projector")
+                  "multi_modal_projector", "mm_projector", "mlp1.", "sound_encoder.",
+                  "sound_projection.")  # mlp1, sound_*: Nemotron-H VL's projector, audio tower
 _ROUTING_GATES = (".mlp.gate.weight", ".mixer.gate.weight", ".shared_expert_gate.weight",
                   ".router.proj.weight")
 _PROMOTED = (".k_proj", ".v_proj", "down_proj")
