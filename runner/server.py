@@ -41,9 +41,15 @@ from runner.generate import ContextError, Done, Generator, fit_prompt
 from runner.go_template import GoTemplate, TemplateError
 from runner.load import LoadedModel, load_model
 from runner.logprobs import MAX_TOP, Logprob
-from runner.media.assemble import ImageRequest, assemble, bind, is_vision_model
+from runner.media.assemble import ImageRequest, assemble, bind, is_vision_model, key_images
 from runner.media.decode import MediaError
-from runner.media.prompt import encode_marked, mark_images, new_sentinel
+from runner.media.prompt import (
+    IMAGE_KEY_BASE,
+    ImageSlots,
+    encode_marked,
+    mark_images,
+    new_sentinel,
+)
 from runner.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from runner.sample import Options, OptionsError
 from runner.tokenizer import ModelTokenizer, PromptError
@@ -84,6 +90,7 @@ class RunnerState:
     grammar: GrammarCompiler | None = None
     worker: Worker = field(default_factory=Worker)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    image_slots: ImageSlots = field(default_factory=ImageSlots)
 
 
 def blas_library() -> str:
@@ -312,6 +319,9 @@ def _context(value: Any) -> list[int]:
     if not isinstance(value, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
         raise PromptError("context must be a list of token ids")
+    if any(t >= IMAGE_KEY_BASE for t in value):
+        raise PromptError("context holds an earlier answer's image tokens, which are not kept "
+                          "between requests: send the images again (or use /api/chat)")
     return value
 
 
@@ -352,6 +362,9 @@ async def _stream(state: RunnerState, run: Run) -> AsyncIterator[bytes]:
 
         def job() -> None:
             try:
+                if run.images is not None and run.images.digests:
+                    key_images(run.images, run.tokens, state.image_slots,
+                               generator.prefix_cache.clear)
                 if is_vision_model(generator.model):
                     bind(generator.model, run.images or ImageRequest([], []))
                 spans = run.images.spans if run.images is not None else ()

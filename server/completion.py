@@ -17,9 +17,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.chat_request import ModelDefaults
 from server.json_format import JSONFormat
 from server.output_parser import Calls, OutputParser, Thinking, ThinkMode, parser_for
-from server.scheduler import Lease, ResolvedModel, Scheduler
+from server.scheduler import Lease, Scheduler
 from server.tool_calls import ToolCall
 
 
@@ -73,7 +74,7 @@ class CompletionJob:
     """What to run: the runner request body (docs/runner-protocol.md) and how to hold the model."""
 
     scheduler: Scheduler
-    model: ResolvedModel
+    model: ModelDefaults
     body: dict[str, Any]
     keep_alive: float | None
     fmt: JSONFormat | None
@@ -112,10 +113,8 @@ async def _plain(lease: Lease, body: dict[str, Any], stats: Stats,
 async def _parsed(lease: Lease, job: CompletionJob,
                   stats: Stats) -> AsyncIterator[str | Thinking | Calls | Logprobs]:
     # a grammar-constrained answer is the JSON itself: nothing in it is reasoning
-    # the model's output format: ModelDefaults carries its config and template
-    family = getattr(getattr(job.model, "config", None), "model_family", None) or ""
     parser = parser_for(ThinkMode.OFF if job.fmt is not None else job.think, job.tool_names,
-                        family, getattr(job.model, "template", "") or "")
+                        job.model.config.model_family or "", job.model.template)
     async for text in _plain(lease, job.body, stats, parser):
         if isinstance(text, Logprobs):
             yield text

@@ -8,7 +8,7 @@ tiling one (RADIO) offers `image_tiles(image, files)` (an image's tiles) and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,15 +18,28 @@ import numpy as np
 from runner.media.decode import MediaError, decode_image
 from runner.media.placeholders import ImageTokens, expand
 from runner.media.preprocess import ProcessorConfig, pixel_values
-from runner.media.prompt import MARKER, image_keys
+from runner.media.prompt import MARKER, ImageSlots, image_digest
 
 
 @dataclass
 class ImageRequest:
+    """The prompt's ids with each image's run left as MARKER until `key_images` fills it."""
+
     tokens: list[int]
     spans: list[tuple[int, int]]
     pixels: list[np.ndarray] = field(default_factory=list)  # per image: (tiles, H, W, 3)
+    digests: list[bytes] = field(default_factory=list)
     keys: list[list[int]] = field(default_factory=list)
+
+
+def key_images(request: ImageRequest, tokens: list[int], slots: ImageSlots,
+               on_reset: Callable[[], None]) -> None:
+    """Write each image's keys into `tokens` (the request's ids, perhaps after a context that
+    `request.spans` already count) and into `request.keys`."""
+    counts = [b - a for a, b in request.spans]
+    request.keys = slots.keys(request.digests, counts, on_reset)
+    for (a, b), run in zip(request.spans, request.keys, strict=True):
+        tokens[a:b] = run
 
 
 ENCODE_BATCH = 4  # tiles per vision-tower call: bounds the tower's activations
@@ -49,17 +62,14 @@ def _pixels(model: Any, files: dict[str, bytes], images: Sequence[bytes]
 
 def assemble(model: Any, files: dict[str, bytes], ids: Sequence[int],
              images: Sequence[bytes]) -> ImageRequest:
-    """Decode and preprocess every image (MediaError for bad ones), expand the markers, and
-    key each image's run by its content."""
+    """Decode and preprocess every image (MediaError for bad ones) and expand the markers; the
+    runs are keyed later, on the generation worker (`key_images`)."""
     start, end, per_tile, pixels = _pixels(model, files, images)
     counts = [len(tiles) * per_tile for tiles in pixels]
     expanded, spans = expand(ids, ImageTokens(MARKER, start, MARKER, end), counts)
-    keys = [image_keys(data, count) for data, count in zip(images, counts, strict=True)]
-    for (a, b), run in zip(spans, keys, strict=True):
-        expanded[a:b] = run
-    if MARKER in expanded:
+    if expanded.count(MARKER) != sum(counts):
         raise MediaError("an image placeholder was left unexpanded")
-    return ImageRequest(expanded, spans, pixels, keys)
+    return ImageRequest(expanded, spans, pixels, [image_digest(data) for data in images])
 
 
 def bind(model: Any, request: ImageRequest) -> None:

@@ -3,9 +3,9 @@
 The chat template never sees image bytes: each image becomes a one-off sentinel in its message
 (before the text, as Ollama places it), the rendered prompt is split on the sentinel, and each
 cut becomes an image's run of tokens. The run's ids are image keys, not the vocabulary's image
-token: `IMAGE_KEY_BASE` + a hash of the image's bytes + the position in the run, so the prefix
-cache (keyed by ids) reuses an image's KV only for the same image, and the model maps each key
-back to its feature row.
+token: `IMAGE_KEY_BASE` + the image's slot (one per distinct image, `ImageSlots`) + the position in
+the run, so the prefix cache (keyed by ids) reuses an image's KV only for the same image, and the
+model maps each key back to its feature row.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 from runner.media.decode import MediaError
 
 IMAGE_KEY_BASE = 1 << 30
-_HASH_BITS, _RUN_BITS = 18, 12  # keys stay below 2**31 (int32 token arrays); a run of
-# up to 4096 tokens holds a 13-tile Nemotron image (3328)
+_SLOT_BITS, _RUN_BITS = 18, 12  # keys stay below 2**31 (int32 token arrays); a run of
+# up to 4096 tokens holds a 13-tile Nemotron image (3328); 262,144 distinct images per reset
 MARKER = -1  # where an image goes, before expansion
 
 
@@ -93,9 +93,33 @@ def encode_marked(text: str, sentinel: str, encode: Callable[[str], list[int]],
     return ids
 
 
-def image_keys(data: bytes, count: int) -> list[int]:
-    """The ids of one image's run of `count` tokens."""
-    if count > 1 << _RUN_BITS:
-        raise MediaError(f"an image run of {count} tokens is longer than supported")
-    digest = int.from_bytes(hashlib.sha256(data).digest()[:4], "big") >> (32 - _HASH_BITS)
-    return [IMAGE_KEY_BASE + (digest << _RUN_BITS) + i for i in range(count)]
+class ImageSlots:
+    """Collision-free image keys for one runner process: each distinct image (by the whole
+    sha256 of its bytes) gets a slot of its own, and a key is `IMAGE_KEY_BASE` + slot and
+    position. Keys are assigned on the generation worker, under the runner's lock, so a reset
+    when the slots run out (the table and every cached prefix that could hold an old slot's
+    keys are dropped together) never races a generation."""
+
+    def __init__(self, capacity: int = 1 << _SLOT_BITS) -> None:
+        self.capacity = capacity
+        self._slots: dict[bytes, int] = {}
+
+    def keys(self, digests: list[bytes], counts: list[int],
+             on_reset: Callable[[], None]) -> list[list[int]]:
+        """Each image's run of keys; `on_reset` runs first when the new images don't fit."""
+        for count in counts:
+            if count > 1 << _RUN_BITS:
+                raise MediaError(f"an image run of {count} tokens is longer than supported")
+        new = {d for d in digests if d not in self._slots}
+        if len(self._slots) + len(new) > self.capacity:
+            self._slots.clear()
+            on_reset()
+        runs = []
+        for digest, count in zip(digests, counts, strict=True):
+            slot = self._slots.setdefault(digest, len(self._slots))
+            runs.append([IMAGE_KEY_BASE + (slot << _RUN_BITS) + i for i in range(count)])
+        return runs
+
+
+def image_digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()

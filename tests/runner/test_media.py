@@ -105,3 +105,48 @@ def test_placeholder_ids_match_transformers_gemma3_processor(sizes) -> None:
                         Model.IMAGE_TEXT_AROUND)
     ours, _ = expand(ids, ImageTokens(MARKER, 3, 5, 4), [4] * len(images))
     assert ours == expected
+
+
+def test_image_slots_give_distinct_images_distinct_keys_and_the_same_image_the_same():
+    from runner.media.prompt import IMAGE_KEY_BASE, ImageSlots, image_digest
+
+    slots = ImageSlots()
+    a, b = image_digest(b"image a"), image_digest(b"image b")
+    first = slots.keys([a, b], [3, 2], lambda: pytest.fail("no reset while slots are free"))
+    assert len(set(first[0]) | set(first[1])) == 5
+    assert all(k >= IMAGE_KEY_BASE for run in first for k in run)
+    assert slots.keys([b], [2], lambda: None) == [first[1]]  # the same image keeps its keys
+
+
+def test_image_slots_reset_together_with_the_prefix_cache_and_never_collide():
+    from runner.media.prompt import ImageSlots, image_digest
+
+    resets: list[int] = []
+    slots = ImageSlots(capacity=3)
+    digests = [image_digest(bytes([i])) for i in range(5)]
+    slots.keys(digests[:2], [1, 1], lambda: resets.append(1))
+    assert not resets
+    # two new images do not fit beside two old ones: the table (and the prefix cache, through
+    # the callback) resets *before* any of this request's images gets a slot
+    runs = slots.keys(digests[2:4], [1, 1], lambda: resets.append(1))
+    assert resets == [1]
+    assert runs[0] != runs[1]
+    again = slots.keys([digests[0]], [1], lambda: resets.append(1))
+    assert again[0] not in runs  # an image from before the reset gets a fresh slot
+
+
+def test_an_image_run_longer_than_the_key_space_is_refused():
+    from runner.media.prompt import ImageSlots, image_digest
+
+    with pytest.raises(MediaError, match="longer than supported"):
+        ImageSlots().keys([image_digest(b"x")], [5000], lambda: None)
+
+
+def test_a_context_holding_image_keys_is_refused_with_a_reason():
+    from runner.media.prompt import IMAGE_KEY_BASE
+    from runner.server import _context
+    from runner.tokenizer import PromptError
+
+    assert _context([1, 2]) == [1, 2]
+    with pytest.raises(PromptError, match="send the images again"):
+        _context([1, IMAGE_KEY_BASE + 5])

@@ -24,9 +24,9 @@ from PIL import Image
 from registry.manifests import ModelConfig
 from registry.names import Name
 from runner.load import load_model
-from runner.media.assemble import assemble, bind
+from runner.media.assemble import assemble, bind, key_images
 from runner.media.decode import MediaError, decode_image
-from runner.media.prompt import IMAGE_KEY_BASE, MARKER
+from runner.media.prompt import IMAGE_KEY_BASE, MARKER, ImageSlots
 from runner.media.tiling import TilingConfig, tile_count
 from runner.models import _radio as radio
 from runner.models import nemotron_h_vl
@@ -97,6 +97,11 @@ def _files(checkpoint: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.suffix == ".json"}
 
 
+def _key(request) -> None:
+    """Key the image runs as the runner's worker does before generating."""
+    key_images(request, request.tokens, ImageSlots(), lambda: None)
+
+
 def _png(width: int, height: int, seed: int = 0) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
     out = io.BytesIO()
@@ -109,6 +114,7 @@ def test_each_image_expands_to_its_tiles_tokens_between_img_tags(model, checkpoi
                                                                  height, tiles) -> None:
     request = assemble(model, _files(checkpoint), [0, 7, MARKER, 9, MARKER, 11],
                        [_png(width, height), _png(20, 20, 1)])
+    _key(request)
     count = tiles * TOKENS_PER_TILE
     first, second = request.spans
     assert first[1] - first[0] == count and second[1] - second[0] == TOKENS_PER_TILE
@@ -122,6 +128,7 @@ def test_each_image_expands_to_its_tiles_tokens_between_img_tags(model, checkpoi
 def test_bound_image_rows_give_the_logits_of_the_features(model, checkpoint) -> None:
     """The runner's path (keys, chunked tower, bound rows) equals one forward over features."""
     request = assemble(model, _files(checkpoint), [0, MARKER, 9], [_png(48, 32)])
+    _key(request)
     bind(model, request)
     keyed = model(mx.array([request.tokens]))
     features = model.encode_images(mx.array(np.concatenate(request.pixels)))
@@ -191,6 +198,7 @@ def test_int8_keeps_radio_and_the_projector_at_source_precision(model_store, che
     assert isinstance(fc1, Linear) and fc1.weight.dtype == mx.float32
     assert isinstance(model.mlp1[1], Linear) and model.mlp1[1].weight.dtype == mx.float32
     request = assemble(model, loaded.files.files, [0, MARKER, 9], [_png(30, 20)])
+    _key(request)
     bind(model, request)
     assert bool(mx.isfinite(model(mx.array([request.tokens]))).all())
 
