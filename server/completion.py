@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +79,7 @@ class CompletionJob:
     keep_alive: float | None
     fmt: JSONFormat | None
     started: float  # time.monotonic() when the request arrived
-    tool_names: set[str] = field(default_factory=set)
+    tool_names: Collection[str] = field(default_factory=set)
     think: ThinkMode = ThinkMode.OFF
 
 

@@ -11,6 +11,7 @@ like one is held to the end and read by `parse_tool_calls`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
@@ -61,7 +62,7 @@ class OutputParser:
     CALL_TAGS: ClassVar[dict[str, str]] = {CALL_OPEN: CALL_CLOSE}
     UNTAGGED = True  # whether a call may come without tags (bare JSON, [TOOL_CALLS], ...)
 
-    def __init__(self, think: ThinkMode, tool_names: set[str]) -> None:
+    def __init__(self, think: ThinkMode, tool_names: Collection[str]) -> None:
         self.think = think
         self.names = tool_names
         self.state = "start" if think is not ThinkMode.OFF else "answer"
@@ -210,7 +211,7 @@ class NemotronParser(OutputParser):
         return parse_nemotron_calls(text, self.names)
 
 
-def parser_for(think: ThinkMode, tool_names: set[str], family: str = "",
+def parser_for(think: ThinkMode, tool_names: Collection[str], family: str = "",
                template: str = "") -> OutputParser:
     """The parser of a model's output format: Nemotron's for the nemotron families or a
     template that teaches its call markup, else the general one."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,17 +40,20 @@ class ToolCall:
         return replace(self, index=index)
 
 
-def tool_names(tools: Any) -> set[str]:
-    """The function names a request's `tools` list offers."""
-    names = set()
+def tool_names(tools: Any) -> dict[str, dict[str, Any]]:
+    """The function names a request's `tools` list offers, each with its parameters' JSON-schema
+    `properties` (what a call format without JSON types, Nemotron's XML, types arguments by)."""
+    names: dict[str, dict[str, Any]] = {}
     for tool in tools if isinstance(tools, list) else []:
         function = tool.get("function") if isinstance(tool, dict) else None
         if isinstance(function, dict) and isinstance(function.get("name"), str):
-            names.add(function["name"])
+            params = function.get("parameters")
+            properties = params.get("properties") if isinstance(params, dict) else None
+            names[function["name"]] = properties if isinstance(properties, dict) else {}
     return names
 
 
-def parse_tool_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str, list[ToolCall]]:
     """(the text left once calls are removed, the calls) for an answer offered `names`."""
     if not names:
         return text, []
@@ -75,7 +79,7 @@ def _load(text: str) -> Any:
         return None
 
 
-def _calls(value: Any, names: set[str]) -> list[ToolCall]:
+def _calls(value: Any, names: Collection[str]) -> list[ToolCall]:
     """Calls from a decoded object or list; empty if any entry is not a call to a known name."""
     items = value if isinstance(value, list) else [value]
     calls = []
@@ -87,13 +91,13 @@ def _calls(value: Any, names: set[str]) -> list[ToolCall]:
         arguments = item.get("arguments", item.get("parameters", {}))
         if isinstance(arguments, str):
             arguments = _load(arguments)
-        if name not in names or not isinstance(arguments, dict):
+        if not isinstance(name, str) or name not in names or not isinstance(arguments, dict):
             return []
         calls.append(ToolCall(name, arguments))
     return calls
 
 
-def parse_nemotron_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+def parse_nemotron_calls(text: str, names: Collection[str]) -> tuple[str, list[ToolCall]]:
     """Nemotron's calls: `<TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>` (Nano v2) and
     `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>`
     (Nemotron 3, Qwen3-Coder's markup). A closing tag cut off by the end of the answer is
@@ -113,20 +117,30 @@ def parse_nemotron_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall
 _NOT_A_CALL = ToolCall("", {}, id="")
 
 
-def _xml_calls(body: str, names: set[str]) -> list[ToolCall]:
+def _xml_calls(body: str, names: Collection[str]) -> list[ToolCall]:
     calls = []
     for name, inner in _FUNCTION.findall(body):
         if name.strip() not in names:
             return []
-        arguments = {key.strip(): _xml_value(value) for key, value in _PARAMETER.findall(inner)}
+        schema = names.get(name.strip()) if isinstance(names, Mapping) else None
+        arguments = {key.strip(): _xml_value(value, _declared_type(schema, key.strip()))
+                     for key, value in _PARAMETER.findall(inner)}
         calls.append(ToolCall(name.strip(), arguments))
     return calls
 
 
-def _xml_value(raw: str) -> Any:
-    """A parameter's text, one newline trimmed each side; JSON literals (numbers, booleans,
-    null, objects, lists) are decoded, as the tool's schema would type them, else text."""
+def _declared_type(schema: Any, key: str) -> Any:
+    prop = schema.get(key) if isinstance(schema, dict) else None
+    return prop.get("type") if isinstance(prop, dict) else None
+
+
+def _xml_value(raw: str, declared: Any = None) -> Any:
+    """A parameter's text, one newline trimmed each side. A parameter the tool declares a
+    string stays text ("123" stays "123"); otherwise JSON literals (numbers, booleans, null,
+    objects, lists) are decoded, else it is text."""
     value = raw.removeprefix("\n").removesuffix("\n")
+    if declared == "string":
+        return value
     try:
         return json.loads(value)
     except json.JSONDecodeError:

@@ -27,8 +27,9 @@ NAMES = {"get_weather"}
 EXPECTED_CALL = [("get_weather", {"city": "Paris", "days": 3})]
 
 
-def _run(pieces: list[str], think: ThinkMode = ThinkMode.SHOW) -> tuple[str, str, list]:
-    parser = NemotronParser(think, NAMES)
+def _run(pieces: list[str], think: ThinkMode = ThinkMode.SHOW, names=NAMES
+         ) -> tuple[str, str, list]:
+    parser = NemotronParser(think, names)
     items = [p for piece in pieces for p in parser.feed(piece)] + parser.finish()
     thinking = "".join(i.text for i in items if isinstance(i, Thinking))
     text = "".join(i for i in items if isinstance(i, str))
@@ -94,6 +95,20 @@ def test_string_parameters_stay_text_and_json_literals_are_decoded():
               "</parameter></function></tool_call>")
     assert _run([answer], ThinkMode.OFF)[2] == [
         ("get_weather", {"city": "New York", "opts": {"units": "metric"}, "ok": True})]
+
+
+def test_xml_arguments_follow_the_declared_parameter_types():
+    from server.tool_calls import tool_names
+
+    properties = {"zip": {"type": "string"}, "days": {"type": "integer"}}
+    names = tool_names([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": properties}}}])
+    answer = ("<tool_call><function=get_weather><parameter=zip>\n01234\n</parameter>"
+              "<parameter=days>3</parameter></function></tool_call>")
+    assert _run([answer], ThinkMode.OFF, names)[2] == [("get_weather", {"zip": "01234",
+                                                                        "days": 3})]
+    # without the schema, "01234" is not JSON and stays text but "3" would be a number
+    assert _run([answer.replace("01234", "123")], ThinkMode.OFF, names)[2][0][1]["zip"] == "123"
 
 
 def test_the_parser_is_chosen_by_family_or_template():

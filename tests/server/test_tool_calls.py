@@ -31,5 +31,5 @@ def test_json_that_names_no_offered_tool_stays_text():
 def test_tool_names_come_from_the_request_tools():
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}},
              {"type": "function"}, "junk"]
-    assert tool_names(tools) == {"get_weather"}
-    assert tool_names(None) == set()
+    assert tool_names(tools) == {"get_weather": {}}
+    assert tool_names(None) == {}
