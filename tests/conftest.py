@@ -113,10 +113,9 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     port = free_port()
     log = (tmp_path_factory.mktemp("moto") / "moto.log").open("wb")
-    moto = Path(sys.executable).with_name("moto_server")
-    cmd = [str(moto)] if moto.exists() else [sys.executable, "-m", "moto.server"]
+    cmd = [sys.executable, "-m", "tests.s3_test_server"]  # moto, with atomic conditional PUTs
     proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
