@@ -234,6 +234,9 @@ class BlobFetch:
     async def _deliver(self, sub: Subscription, item: object) -> None:
         """Queue `item` for one request; a request that reads nothing for SUBSCRIBER_STALL
         seconds is dropped, so one stalled client cannot hold the fetch (and everyone else)."""
+        if not sub.queue.full():  # the usual case: no timer, no task per piece
+            sub.queue.put_nowait(item)
+            return
         try:
             await asyncio.wait_for(sub.queue.put(item), SUBSCRIBER_STALL)
         except TimeoutError:
