@@ -249,6 +249,7 @@ class BlobFetch:
 
     async def _finish(self) -> None:
         self._joinable = False
+        self._recent.clear()  # nobody joins any more: let the replay's memory go
         for sub in list(self.subscribers):
             if not sub.closed:
                 await self._deliver(sub, _END)
@@ -271,6 +272,7 @@ class BlobFetch:
     def _fail(self, error: RegistryError) -> None:
         self.error = error
         self._joinable = False
+        self._recent.clear()
         for sub in list(self.subscribers):
             sub.error = error
             with contextlib.suppress(asyncio.QueueFull):
