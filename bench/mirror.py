@@ -14,6 +14,12 @@ On one machine the cold pull writes every byte twice (the proxy's cache and the 
 where the direct pull writes it once, so a disk-bound machine halves it; `--proxy-dir` puts the
 proxy's storage elsewhere (another disk, or /dev/shm) to measure the mirror as it runs in
 production, on its own machine.
+
+Where the cores are busy (a shared machine) every pull is CPU-bound, and cold/direct tends to
+(client + upstream) / (client + upstream + proxy) CPU seconds, so each round prints them. The
+proxy's floor is what it must do per byte: receive it, sha256 it, write it to its cache and send
+it on (on 2 cores, 2026-12: about 1.0 s of kernel copies, page-cache work and sha256 per 512 MiB
+of its 1.5-1.9 s; a direct pull costs 2.0-2.5 s in all).
 """
 
 from __future__ import annotations
@@ -72,22 +78,23 @@ def registry_process(root: Path, *extra: str) -> Iterator[tuple[str, int]]:
 
 
 def timed_pull(name: str, store: Store, options: TransferOptions,
-               servers: list[int]) -> tuple[float, float]:
-    """Wall seconds, and CPU seconds of this process and the registries in `servers`."""
+               servers: list[int]) -> tuple[float, list[float]]:
+    """Wall seconds, and the CPU seconds of this process (the client) and of each registry in
+    `servers`: on a busy machine the pull is CPU-bound, and these say whose CPU it waited on."""
     import psutil
 
-    def cpu() -> float:
-        own = sum(os.times()[:2])
-        return own + sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in servers)
+    def cpu() -> list[float]:
+        return [sum(os.times()[:2])] + [sum(psutil.Process(pid).cpu_times()[:2])
+                                        for pid in servers]
 
     start, cpu0 = time.perf_counter(), cpu()
     asyncio.run(pull(name, store, options, lambda e: None))
-    return time.perf_counter() - start, cpu() - cpu0
+    return time.perf_counter() - start, [b - a for a, b in zip(cpu0, cpu(), strict=True)]
 
 
 def run_round(work: Path, proxy_dir: Path, upstream: tuple[str, int], repo: str, raw: bytes,
-              options: TransferOptions, index: int) -> list[tuple[float, float]]:
-    """(wall, cpu) of the direct, cold and warm pulls."""
+              options: TransferOptions, index: int) -> list[tuple[float, list[float]]]:
+    """(wall, CPU seconds of client, upstream[, proxy]) of the direct, cold and warm pulls."""
     host, upstream_pid = upstream
     direct_store = Store(work / f"direct-{index}")
     results = [timed_pull(f"{host}/{repo}", direct_store, options, [upstream_pid])]
@@ -103,6 +110,10 @@ def run_round(work: Path, proxy_dir: Path, upstream: tuple[str, int], repo: str,
             shutil.rmtree(store.root)
     shutil.rmtree(proxy_root)
     return results
+
+
+def _cpu(seconds: list[float]) -> str:
+    return "+".join(f"{s:.1f}" for s in seconds) + "s"
 
 
 def main() -> None:
@@ -123,16 +134,17 @@ def main() -> None:
             raw = make_model(source, name, args.mib * MiB, 0)
             asyncio.run(push(name, source, options, lambda e: None))
             size = args.mib * MiB / 1e6
-            print(f"{os.cpu_count()} CPUs; model {size:.0f} MB; MB/s per pull, and the CPU "
-                  "seconds client + registries spent on it")
-            print(f"{'round':>5} {'direct':>14} {'cold':>14} {'warm':>14} {'cold/d':>7} "
-                  f"{'warm/d':>7}")
+            print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; model {size:.0f} MB; "
+                  "MB/s per pull, and the CPU seconds it cost: client+upstream+proxy")
+            print(f"{'round':>5} {'direct':>20} {'cold':>25} {'warm':>25} {'cold/d':>7} "
+                  f"{'warm/d':>7} {'load':>5}")
             for index in range(args.rounds):
                 (direct, dcpu), (cold, ccpu), (warm, wcpu) = run_round(
                     work, args.proxy_dir or work, upstream, repo, raw, options, index)
-                print(f"{index:>5} {size / direct:7.1f} {dcpu:5.1f}s {size / cold:7.1f} "
-                      f"{ccpu:5.1f}s {size / warm:7.1f} {wcpu:5.1f}s {direct / cold:7.2f} "
-                      f"{direct / warm:7.2f}", flush=True)
+                print(f"{index:>5} {size / direct:7.1f} {_cpu(dcpu):>12} {size / cold:7.1f} "
+                      f"{_cpu(ccpu):>17} {size / warm:7.1f} {_cpu(wcpu):>17} "
+                      f"{direct / cold:7.2f} {direct / warm:7.2f} {os.getloadavg()[0]:5.1f}",
+                      flush=True)
         print("targets: cold >= 0.80x direct, warm >= 1.00x direct")
     finally:
         if args.workdir is None:

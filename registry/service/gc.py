@@ -58,10 +58,10 @@ async def collect_garbage(
         raise GraceTooShort(grace)
     report = GCReport()
     seen: set[tuple[str, Digest]] = set()
-    await _mark(store, report.marked, seen)
+    await mark(store, report.marked, seen)
     now = time.time() if now is None else now
-    candidates = [d for d in await _all_blobs(store) if d not in report.marked]
-    await _mark(store, report.marked, seen)  # manifests stored while the first pass ran
+    candidates = [d for d in await all_blobs(store) if d not in report.marked]
+    await mark(store, report.marked, seen)  # manifests stored while the first pass ran
     repos = await list_repositories(store)
     for digest in candidates:
         if digest in report.marked:
@@ -76,7 +76,7 @@ async def collect_garbage(
         report.swept.append(digest)
         report.freed_bytes += size
         if not dry_run:
-            await _sweep(store, digest, repos)
+            await sweep_blob(store, digest, repos)
     await _sweep_staging(store, now - grace, dry_run, report)
     return report
 
@@ -93,17 +93,19 @@ async def _sweep_staging(store: BlobStore, before: float, dry_run: bool,
                 await store.delete(key)
 
 
-async def _mark(store: BlobStore, marked: set[Digest], seen: set[tuple[str, Digest]]) -> None:
-    """Mark from every revision of every repository not in `seen` (then add it there)."""
+async def mark(store: BlobStore, marked: set[Digest], seen: set[tuple[str, Digest]]) -> None:
+    """Mark from every revision of every repository not in `seen` (then add it there).
+    The proxy's size cap (proxy/eviction.py) marks and sweeps with these functions too."""
     for repo in await list_repositories(store):
         for hex_ in await store.list(paths.revisions_dir(repo)):
             if (repo, Digest(hex_)) not in seen:
                 seen.add((repo, Digest(hex_)))
-                await _mark_revision(store, repo, Digest(hex_), marked)
+                await mark_revision(store, repo, Digest(hex_), marked)
 
 
-async def _mark_revision(store: BlobStore, repo: str, digest: Digest,
-                         marked: set[Digest]) -> None:
+async def mark_revision(store: BlobStore, repo: str, digest: Digest,
+                        marked: set[Digest]) -> None:
+    """Mark one manifest: its own digest and everything it names."""
     marked.add(digest)
     try:
         raw = await store.get(paths.blob(digest))
@@ -132,7 +134,7 @@ async def _last_touched(
     return stat.size, newest
 
 
-async def _all_blobs(store: BlobStore) -> list[Digest]:
+async def all_blobs(store: BlobStore) -> list[Digest]:
     found = []
     for shard in await store.list(paths.BLOBS):
         for hex_ in await store.list(f"{paths.BLOBS}/{shard}"):
@@ -141,7 +143,8 @@ async def _all_blobs(store: BlobStore) -> list[Digest]:
     return found
 
 
-async def _sweep(store: BlobStore, digest: Digest, repos: list[str]) -> None:
+async def sweep_blob(store: BlobStore, digest: Digest, repos: list[str]) -> None:
+    """Delete the blob's bytes and its link in each of `repos`."""
     await store.delete(paths.blob(digest))
     for repo in repos:
         await store.delete(paths.layer_link(repo, digest))

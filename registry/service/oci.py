@@ -181,36 +181,55 @@ _NEEDS: dict[Handler, str] = {
     oci_blobs.blob_delete: "delete", manifest_delete: "delete",
 }
 
-_ROUTES: list[tuple[re.Pattern[str], dict[str, Handler]]] = [
-    (re.compile(r"(.+)/blobs/uploads/?()", re.DOTALL), {"POST": oci_blobs.upload_start}),
-    (re.compile(r"(.+)/blobs/uploads/([^/]+)", re.DOTALL), {
-        "GET": oci_blobs.upload_status, "PATCH": oci_blobs.upload_patch,
-        "PUT": oci_blobs.upload_finish, "DELETE": oci_blobs.upload_cancel}),
-    (re.compile(r"(.+)/blobs/([^/]+)", re.DOTALL), {
-        "GET": oci_blobs.blob_get, "HEAD": oci_blobs.blob_get, "DELETE": oci_blobs.blob_delete}),
-    (re.compile(r"(.+)/manifests/([^/]+)", re.DOTALL), {
-        "GET": manifest_get, "HEAD": manifest_get, "PUT": manifest_put,
-        "DELETE": manifest_delete}),
-    (re.compile(r"(.+)/tags/list()", re.DOTALL), {"GET": tags_list}),
-    (re.compile(r"(.+)/referrers/([^/]+)", re.DOTALL), {"GET": referrers}),
-]
+# The /v2/<path> shapes, full-matched in this order: group 1 is the repository, group 2 the
+# reference (empty where there is none). The pull-through cache routes by the same patterns.
+UPLOAD_START = re.compile(r"(.+)/blobs/uploads/?()", re.DOTALL)
+UPLOAD = re.compile(r"(.+)/blobs/uploads/([^/]+)", re.DOTALL)
+BLOB = re.compile(r"(.+)/blobs/([^/]+)", re.DOTALL)
+MANIFEST = re.compile(r"(.+)/manifests/([^/]+)", re.DOTALL)
+TAGS = re.compile(r"(.+)/tags/list()", re.DOTALL)
+REFERRERS = re.compile(r"(.+)/referrers/([^/]+)", re.DOTALL)
+
+_ROUTES: dict[re.Pattern[str], dict[str, Handler]] = {  # tried in this order
+    UPLOAD_START: {"POST": oci_blobs.upload_start},
+    UPLOAD: {"GET": oci_blobs.upload_status, "PATCH": oci_blobs.upload_patch,
+             "PUT": oci_blobs.upload_finish, "DELETE": oci_blobs.upload_cancel},
+    BLOB: {"GET": oci_blobs.blob_get, "HEAD": oci_blobs.blob_get,
+           "DELETE": oci_blobs.blob_delete},
+    MANIFEST: {"GET": manifest_get, "HEAD": manifest_get, "PUT": manifest_put,
+               "DELETE": manifest_delete},
+    TAGS: {"GET": tags_list},
+    REFERRERS: {"GET": referrers},
+}
+
+
+def route_path(request: Request) -> str:
+    """The path after /v2/, raw: not the route's parameter, since Starlette's `$` drops a
+    trailing newline, so `manifests/v1%0a` would reach a handler as `v1`."""
+    return str(request.scope["path"]).removeprefix("/v2/")
+
+
+def match_route(path: str) -> tuple[re.Pattern[str], re.Match[str]] | None:
+    """The first pattern `path` fully matches, with its match; None when none does."""
+    for pattern in _ROUTES:
+        match = pattern.fullmatch(path)
+        if match is not None:
+            return pattern, match
+    return None
 
 
 async def _dispatch(request: Request) -> Response:
-    # The raw path, not the route's parameter: Starlette's `$` drops a trailing newline, so
-    # `manifests/v1%0a` would reach the handler as `v1`. The patterns are full-matched.
-    path = request.scope["path"].removeprefix("/v2/")
-    for pattern, handlers in _ROUTES:
-        match = pattern.fullmatch(path)
-        if match is None:
-            continue
-        handler = handlers.get(request.method)
-        if handler is None:
-            raise RegistryError("UNSUPPORTED", f"{request.method} is not supported here")
-        repo = parse_repository(match.group(1))  # a newline in it fails here
-        authorize(request, repo, _NEEDS.get(handler, "push"))
-        return await handler(request, repo, match.group(2))
-    raise RegistryError("NAME_UNKNOWN", f"no route for /v2/{path}")
+    path = route_path(request)
+    found = match_route(path)
+    if found is None:
+        raise RegistryError("NAME_UNKNOWN", f"no route for /v2/{path}")
+    pattern, match = found
+    handler = _ROUTES[pattern].get(request.method)
+    if handler is None:
+        raise RegistryError("UNSUPPORTED", f"{request.method} is not supported here")
+    repo = parse_repository(match.group(1))  # a newline in it fails here
+    authorize(request, repo, _NEEDS.get(handler, "push"))
+    return await handler(request, repo, match.group(2))
 
 
 METHODS = ["GET", "HEAD", "PUT", "POST", "PATCH", "DELETE"]

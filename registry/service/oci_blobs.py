@@ -15,6 +15,7 @@ from registry.service import paths
 from registry.service.auth.gate import mount_source
 from registry.service.errors import RegistryError
 from registry.service.registry import Registry
+from registry.service.storage.base import Stat
 from registry.service.uploads import Chunk, range_header
 
 INLINE_BODY = 256 * 1024  # blobs up to this size are answered in one body, bigger ones streamed
@@ -62,6 +63,12 @@ async def blob_get(request: Request, repo: str, reference: str) -> Response:
     stat = await reg.blobs.stat(repo, digest)
     if stat is None:
         raise RegistryError("BLOB_UNKNOWN", detail={"digest": str(digest)})
+    return await blob_response(request, reg, digest, stat)
+
+
+async def blob_response(request: Request, reg: Registry, digest: Digest, stat: Stat) -> Response:
+    """The GET or HEAD response for a blob the caller found (`stat`) and may serve; the
+    pull-through cache calls it with its own lookup, so a hit is looked up once."""
     key = paths.blob(digest)
     redirect = reg.store.redirect_url(key)
     if redirect is not None and request.method == "GET":

@@ -13,8 +13,9 @@ its pieces through a bounded queue (QUEUE_PIECES pieces, at most 32 MiB: a slow 
 the fetch rather than filling memory, a brief stall does not). The blob's last piece is held
 back until the digest is verified, so no response for the whole blob completes unless the blob
 is good; on a lie the responses are cut off, and their clients' own checks fail. A request that
-arrives after its first byte went past waits for the commit and is then served from the cache
-like any hit.
+arrives just after its first byte went past (another client started the same pull a moment
+earlier) is replayed the last REPLAY_BYTES the fetch passed on, then follows it live; one that
+arrives later waits for the commit and is then served from the cache like any hit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from registry.digests import Digest, Hasher
@@ -39,6 +41,7 @@ from registry.transfer.session import Reply
 log = logging.getLogger("ferry.registry.proxy")
 QUEUE_PIECES = 128  # per subscriber; pieces are what one socket read returned (<= 256 KiB)
 SUBSCRIBER_STALL = 30.0  # seconds a request may leave its full queue unread
+REPLAY_BYTES = 32 * 1024 * 1024  # the latest bytes passed on, kept for requests that join late
 _END = object()
 
 
@@ -50,12 +53,13 @@ class Subscription:
         self.start = start
         self.end = end
         self.queue: asyncio.Queue[object] = asyncio.Queue(maxsize=QUEUE_PIECES)
+        self.backlog: deque[object] = deque()  # replayed pieces, read before the queue
         self.error: RegistryError | None = None
         self.closed = False
 
     async def next(self) -> bytes | None:
         """The next piece, None at the end; raises the fetch's error when it failed."""
-        item = await self.queue.get()
+        item = self.backlog.popleft() if self.backlog else await self.queue.get()
         if self.error is not None:
             raise self.error
         return None if item is _END else item  # type: ignore[return-value]
@@ -64,6 +68,7 @@ class Subscription:
         """Leave: the fetch stops feeding this request (and is unblocked if it waited on it)."""
         self.closed = True
         self.fetch.subscribers.discard(self)
+        self.backlog.clear()
         while not self.queue.empty():
             self.queue.get_nowait()
 
@@ -87,12 +92,26 @@ class BlobFetch:
         self.error: RegistryError | None = None
         self._held: bytes | None = None
         self._joinable = True  # False once the last piece went out
+        self._recent: deque[tuple[int, bytes]] = deque()  # (offset, piece) of the latest sent
+        self._recent_bytes = 0
 
     def subscribe(self, start: int, end: int | None) -> Subscription | None:
-        """A live share from `start`, or None when those bytes already went by."""
-        if not self._joinable or self.done.is_set() or start < self.sent:
+        """A share from `start`: live, after a replay of what went by when the replay still
+        holds it; None when those bytes went by for good."""
+        if not self._joinable or self.done.is_set():
             return None
         subscription = Subscription(self, start, end)
+        if start < self.sent:
+            if not self._recent or self._recent[0][0] > start:
+                return None
+            for offset, piece in self._recent:
+                low = max(offset, start)
+                high = offset + len(piece) if end is None else min(offset + len(piece), end + 1)
+                if low < high:
+                    subscription.backlog.append(piece[low - offset:high - offset])
+            if end is not None and end < self.sent:  # all of it was replayed
+                subscription.backlog.append(_END)
+                return subscription
         self.subscribers.add(subscription)
         return subscription
 
@@ -209,9 +228,13 @@ class BlobFetch:
 
     async def _broadcast(self, chunk: bytes) -> None:
         begin, finish = self.sent, self.sent + len(chunk)
-        # Counted as sent before any delivery awaits: a request joining meanwhile is not in
-        # this round, so it may only start after this piece (or it would miss part of it).
+        # Counted as sent, and kept for replay, before any delivery awaits: a request joining
+        # meanwhile is not in this round, so it gets this piece from the replay instead.
         self.sent = finish
+        self._recent.append((begin, chunk))
+        self._recent_bytes += len(chunk)
+        while self._recent_bytes - len(self._recent[0][1]) >= REPLAY_BYTES:
+            self._recent_bytes -= len(self._recent.popleft()[1])
         for sub in list(self.subscribers):
             if sub.closed:
                 continue
@@ -226,6 +249,7 @@ class BlobFetch:
 
     async def _finish(self) -> None:
         self._joinable = False
+        self._recent.clear()  # nobody joins any more: let the replay's memory go
         for sub in list(self.subscribers):
             if not sub.closed:
                 await self._deliver(sub, _END)
@@ -234,6 +258,9 @@ class BlobFetch:
     async def _deliver(self, sub: Subscription, item: object) -> None:
         """Queue `item` for one request; a request that reads nothing for SUBSCRIBER_STALL
         seconds is dropped, so one stalled client cannot hold the fetch (and everyone else)."""
+        if not sub.queue.full():  # the usual case: no timer, no task per piece
+            sub.queue.put_nowait(item)
+            return
         try:
             await asyncio.wait_for(sub.queue.put(item), SUBSCRIBER_STALL)
         except TimeoutError:
@@ -245,6 +272,7 @@ class BlobFetch:
     def _fail(self, error: RegistryError) -> None:
         self.error = error
         self._joinable = False
+        self._recent.clear()
         for sub in list(self.subscribers):
             sub.error = error
             with contextlib.suppress(asyncio.QueueFull):

@@ -1,10 +1,13 @@
 """The size cap (`--proxy-max-bytes`): least recently pulled mirrored models go first.
 
 When the stored blobs pass the cap, the mirrored manifest pulled longest ago is forgotten (its
-tags, its revision, its proxy keys), then every blob no kept manifest references, and no local
-repository links, is deleted; repeat until under the cap. A blob a kept manifest needs is never
-deleted, and neither is anything touched in the last `PROTECT` seconds (a pull in progress), so a
-cap smaller than one model keeps that model rather than breaking its pull.
+tags, its revision, its proxy keys), and the blobs no kept manifest references, and no local
+repository links, are deleted; then the next, until under the cap. The marking and sweeping are
+gc.py's: every manifest is read once per run (its references counted), so forgetting a model
+costs only its own references, and manifests cached while the run went on are marked before
+anything is deleted. A blob a kept manifest needs is never deleted, and neither is anything
+touched in the last `PROTECT` seconds (a pull in progress), so a cap smaller than one model
+keeps that model rather than breaking its pull.
 """
 
 from __future__ import annotations
@@ -12,16 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from registry.digests import Digest
-from registry.manifests import parse_manifest
-from registry.service import paths
+from registry.service import gc, paths
 from registry.service.blobs import list_repositories
 from registry.service.proxy import keys
 from registry.service.proxy.config import ProxyConfig
 from registry.service.registry import Registry
-from registry.service.storage.base import Stat
+from registry.service.storage.base import BlobStore, Stat
 
 log = logging.getLogger("ferry.registry.proxy")
 PROTECT = 60.0
@@ -68,29 +71,70 @@ class Eviction:
     async def run(self, now: float | None = None) -> EvictionReport:
         now = time.time() if now is None else now
         report = EvictionReport()
-        blobs = await _stored_blobs(self.registry)
+        blobs = await _stored_blobs(self.registry.store)
         total = sum(stat.size for stat in blobs.values())
         if total > self.config.max_bytes:
-            for used, repo, digest in await self._candidates():
-                if total <= self.config.max_bytes or now - used < PROTECT:
-                    break
-                await self._forget(repo, digest)
-                report.forgotten.append((repo, digest))
-                total -= await self._sweep(blobs, now, report)
+            total -= await self._evict(blobs, total - self.config.max_bytes, now, report)
         report.stored_bytes = total
         return report
 
-    async def _candidates(self) -> list[tuple[float, str, Digest]]:
-        """Every mirrored manifest with when it was last pulled, oldest first."""
+    async def _evict(self, blobs: dict[Digest, Stat], excess: int, now: float,
+                     report: EvictionReport) -> int:
+        """Forget the least recently pulled models until `excess` bytes may go; delete what
+        nothing kept needs; return the bytes freed."""
+        store = self.registry.store
+        repos = await list_repositories(store)
+        local = [r for r in repos if self.config.upstream_for(r) is None]
+        names: dict[tuple[str, Digest], set[Digest]] = {}  # each manifest: what it marks
+        for repo in repos:
+            for digest in await self.registry.revisions.digests(repo):
+                marked: set[Digest] = set()
+                await gc.mark_revision(store, repo, digest, marked)
+                names[(repo, digest)] = marked
+        needed = Counter(d for marked in names.values() for d in marked)
+        doomed = [d for d in blobs if not needed[d] and await self._may_delete(d, blobs, now,
+                                                                               local)]
+        excess -= sum(blobs[d].size for d in doomed)
+        for used, repo, digest in await self._candidates(list(names)):
+            if excess <= 0 or now - used < PROTECT:
+                break
+            await self._forget(repo, digest)
+            report.forgotten.append((repo, digest))
+            forgotten = names.pop((repo, digest))
+            needed.subtract(forgotten)
+            for blob in forgotten:
+                if blob in blobs and needed[blob] <= 0 and blob not in doomed and (
+                        await self._may_delete(blob, blobs, now, local)):
+                    doomed.append(blob)
+                    excess -= blobs[blob].size
+        late: set[Digest] = set()  # what manifests cached during this run name
+        await gc.mark(store, late, set(names) | set(report.forgotten))
+        freed = 0
+        for blob in doomed:
+            if blob not in late:
+                await gc.sweep_blob(store, blob, repos)
+                report.deleted.append(blob)
+                freed += blobs.pop(blob).size
+        return freed
+
+    async def _may_delete(self, digest: Digest, blobs: dict[Digest, Stat], now: float,
+                          local: list[str]) -> bool:
+        """Not written in the last PROTECT seconds, and linked into no local repository."""
+        if now - blobs[digest].mtime < PROTECT:
+            return False
+        return not any([await self.registry.blobs.stat(r, digest) for r in local])
+
+    async def _candidates(self, manifests: list[tuple[str, Digest]]
+                          ) -> list[tuple[float, str, Digest]]:
+        """The mirrored manifests with when each was last pulled, oldest first."""
         store = self.registry.store
         found = []
-        for repo in await list_repositories(store):
+        for repo, digest in manifests:
             if self.config.upstream_for(repo) is None:
                 continue
-            for digest in await self.registry.revisions.digests(repo):
-                stat = (await store.stat(keys.used(repo, digest))
-                        or await store.stat(paths.revision_link(repo, digest)))
-                found.append((stat.mtime if stat else 0.0, repo, digest))
+            stat = (await store.stat(keys.used(repo, digest))
+                    or await store.stat(paths.revision_link(repo, digest)))
+            found.append((stat.mtime if stat else 0.0, repo, digest))
         return sorted(found, key=lambda c: c[0])
 
     async def _forget(self, repo: str, digest: Digest) -> None:
@@ -102,52 +146,11 @@ class Eviction:
         await reg.store.delete(keys.used(repo, digest))
         log.info("size cap: forgot %s@%s", repo, digest)
 
-    async def _sweep(self, blobs: dict[Digest, Stat], now: float,
-                     report: EvictionReport) -> int:
-        """Delete blobs nothing kept needs; return the bytes freed."""
-        repos = await list_repositories(self.registry.store)
-        needed = await _referenced(self.registry, repos)
-        local = [r for r in repos if self.config.upstream_for(r) is None]
-        freed = 0
-        for digest, stat in list(blobs.items()):
-            if digest in needed or now - stat.mtime < PROTECT:
-                continue
-            if any([await self.registry.blobs.stat(r, digest) for r in local]):
-                continue
-            await self.registry.store.delete(paths.blob(digest))
-            for repo in repos:
-                await self.registry.store.delete(paths.layer_link(repo, digest))
-            del blobs[digest]
-            report.deleted.append(digest)
-            freed += stat.size
-        return freed
 
-
-async def _stored_blobs(registry: Registry) -> dict[Digest, Stat]:
-    store = registry.store
+async def _stored_blobs(store: BlobStore) -> dict[Digest, Stat]:
     found: dict[Digest, Stat] = {}
-    for shard in await store.list(paths.BLOBS):
-        for hex_ in await store.list(f"{paths.BLOBS}/{shard}"):
-            if len(hex_) == 64:
-                stat = await store.stat(f"{paths.BLOBS}/{shard}/{hex_}")
-                if stat is not None:
-                    found[Digest(hex_)] = stat
+    for digest in await gc.all_blobs(store):
+        stat = await store.stat(paths.blob(digest))
+        if stat is not None:
+            found[digest] = stat
     return found
-
-
-async def _referenced(registry: Registry, repos: list[str]) -> set[Digest]:
-    """Every manifest any repository holds, and everything those manifests name."""
-    needed: set[Digest] = set()
-    for repo in repos:
-        for digest in await registry.revisions.digests(repo):
-            needed.add(digest)
-            try:
-                stored = await registry.revisions.get(repo, digest)
-                manifest = parse_manifest(stored.raw, stored.media_type, len(stored.raw))
-            except Exception as exc:  # never let one bad manifest stop the cap
-                log.warning("size cap: %s@%s is unreadable (%s)", repo, digest, exc)
-                continue
-            needed.update(d.digest for d in manifest.references())
-            if manifest.subject is not None:
-                needed.add(manifest.subject.digest)
-    return needed

@@ -8,7 +8,6 @@ mirrored repository are refused with DENIED; local repositories go straight to o
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Sequence
 
 from starlette.requests import Request
@@ -38,10 +37,7 @@ from registry.transfer.errors import RegistryNotFound
 CATCH_ALL = oci.CATCH_ALL
 STALE_WARNING = '110 ferry "Response is Stale"'
 _READS = ("GET", "HEAD")
-_UPLOADS = re.compile(r"^(.+)/blobs/uploads(?:/[^/]*)?$")
-_BLOBS = re.compile(r"^(.+)/blobs/([^/]+)$")
-_MANIFESTS = re.compile(r"^(.+)/manifests/([^/]+)$")
-_OTHER = re.compile(r"^(.+)/(?:tags/list|referrers/[^/]+)$")
+_KINDS = {oci.BLOB: "blobs", oci.MANIFEST: "manifests"}  # other routes: oci.py's handler
 
 
 class Proxy:
@@ -72,7 +68,7 @@ def proxy_routes(routes: Sequence[BaseRoute]) -> list[BaseRoute]:
 
     async def dispatch(request: Request) -> Response:
         proxy: Proxy = request.app.state.proxy
-        repo, kind, argument = _target(request.path_params["path"])
+        repo, kind, argument = _target(oci.route_path(request))
         client = proxy.client_for(repo) if repo else None
         if client is None:
             return await fallback(request)  # type: ignore[no-any-return]
@@ -91,14 +87,14 @@ def proxy_routes(routes: Sequence[BaseRoute]) -> list[BaseRoute]:
 
 
 def _target(path: str) -> tuple[str, str, str]:
-    """(repository, kind, argument) of a /v2 path; ("", "", "") when it names none."""
-    for pattern, kind in ((_UPLOADS, "uploads"), (_BLOBS, "blobs"), (_MANIFESTS, "manifests"),
-                          (_OTHER, "other")):
-        match = pattern.match(path)
-        if match is not None:
-            argument = match.group(2) if kind in ("blobs", "manifests") else ""
-            return parse_repository(match.group(1)), kind, argument
-    return "", "", ""
+    """(repository, kind, reference) of a /v2 path, by oci.py's own patterns; the kind is ""
+    for routes answered by oci.py's handlers, and all three are "" when the path names no
+    repository."""
+    found = oci.match_route(path)
+    if found is None:
+        return "", "", ""
+    pattern, match = found
+    return parse_repository(match.group(1)), _KINDS.get(pattern, ""), match.group(2)
 
 
 # -- manifests ------------------------------------------------------------------------------------
@@ -130,9 +126,11 @@ async def _blob(request: Request, proxy: Proxy, client: UpstreamClient, repo: st
     digest = parse_digest(reference)
     blobs = proxy.registry.blobs
     state = "hit"
-    if await blobs.stat(repo, digest) is None:
+    stat = await blobs.stat(repo, digest)
+    if stat is None:
         state = "fetched"
-        if await blobs.stat_anywhere(digest) is not None:
+        stat = await blobs.stat_anywhere(digest)
+        if stat is not None:
             # Stored for another repository, perhaps a local one: link it only once the
             # upstream confirms it serves this digest here, so no private blob leaks.
             await _upstream_size(client, repo, digest)
@@ -143,7 +141,10 @@ async def _blob(request: Request, proxy: Proxy, client: UpstreamClient, repo: st
             streamed = await _stream_miss(request, proxy, client, repo, digest)
             if streamed is not None:
                 return streamed
-    response = await oci_blobs.blob_get(request, repo, reference)
+            stat = await blobs.stat(repo, digest)  # committed and linked meanwhile
+            if stat is None:  # evicted at once: the next request fetches again
+                raise RegistryError("BLOB_UNKNOWN", detail={"digest": str(digest)})
+    response = await oci_blobs.blob_response(request, proxy.registry, digest, stat)
     response.headers["X-Ferry-Cache"] = state
     return response
 

@@ -5,13 +5,19 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
+from conftest import serve_app
 
 from registry.manifests import parse_manifest
 from registry.names import Name
+from registry.service import paths
+from registry.service.app import build_registry_app
 from registry.service.proxy import keys
+from registry.service.storage.base import Stat
+from registry.service.storage.filesystem import FilesystemStore
 from registry.store import Store
 from registry.transfer.pull import pull
 from tests.registry.transfer.helpers import blob_bytes, fast_options
@@ -138,9 +144,48 @@ async def test_a_client_that_leaves_mid_blob_does_not_stop_the_fetch(tmp_path: P
                     assert response.headers["x-ferry-cache"] == "fetched"
                     async for _piece in response.aiter_raw():
                         break  # the client goes away after its first bytes
-                got = await http.get(url)  # joins the fetch late, or finds it cached
+                got = await http.get(url)  # joins the fetch late (replayed), or finds it cached
                 assert got.status_code == 200
                 assert got.content == blob_bytes(source, layer)
-                again = await http.get(url)
-                assert again.headers["x-ferry-cache"] == "hit"
+                await _until_cached(http, url)  # it had its bytes before the commit and link
     assert upstream.blob_gets(layer) == 1
+
+
+async def _until_cached(http: httpx.AsyncClient, url: str) -> None:
+    """Wait for a fetched blob's commit and link: its client had the bytes before them."""
+    for _ in range(400):
+        if (await http.get(url)).headers["x-ferry-cache"] == "hit":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} never became a cache hit")
+
+
+class StatCountingStore(FilesystemStore):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.stats: Counter[str] = Counter()
+
+    async def stat(self, key: str) -> Stat | None:
+        self.stats[key] += 1
+        return await super().stat(key)
+
+
+async def test_a_cached_blob_is_looked_up_once_per_request(tmp_path: Path) -> None:
+    source = Store(tmp_path / "source")
+    with upstream_registry(tmp_path / "upstream") as upstream:
+        raw = await publish(source, f"{upstream.host}/library/tiny:v1", [300_000],
+                            tmp_path / "pub")
+        layer = parse_manifest(raw, None).layers[0].digest
+        store = StatCountingStore(tmp_path / "proxy")
+        config = proxy_config(f"http://{upstream.host}", tmp_path / "ph")
+        with serve_app(build_registry_app(store=store, proxy=config)) as url:
+            blob_url = f"{url}/v2/library/tiny/blobs/{layer}"
+            async with httpx.AsyncClient(timeout=30) as http:
+                assert (await http.get(blob_url)).headers["x-ferry-cache"] == "fetched"
+                await _until_cached(http, blob_url)
+                store.stats.clear()
+                hit = await http.get(blob_url, headers={"Range": "bytes=10-19"})
+    assert hit.status_code == 206 and hit.headers["x-ferry-cache"] == "hit"
+    assert hit.content == blob_bytes(source, layer)[10:20]
+    assert store.stats[paths.layer_link("library/tiny", layer)] == 1
+    assert store.stats[paths.blob(layer)] == 1

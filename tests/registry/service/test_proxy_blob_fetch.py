@@ -50,7 +50,7 @@ async def test_a_request_that_stops_reading_is_dropped_and_the_others_go_on(
     assert fetch.subscribe(0, None) is None  # its bytes went by: a late request waits instead
 
 
-async def test_a_request_joining_while_a_piece_is_delivered_starts_after_that_piece(
+async def test_a_request_joining_while_a_piece_is_delivered_gets_it_from_the_replay(
         tmp_path: Path) -> None:
     fetch = _fetch(tmp_path)
     slow = fetch.subscribe(0, None)
@@ -61,11 +61,33 @@ async def test_a_request_joining_while_a_piece_is_delivered_starts_after_that_pi
     delivering = asyncio.create_task(fetch._broadcast(b"cd"))  # waits on the slow request
     await asyncio.sleep(0.01)
     assert not delivering.done()
-    assert fetch.subscribe(offset, None) is None  # it would miss "cd": it must wait instead
+    during = fetch.subscribe(offset, None)  # not in this round: "cd" comes from the replay
     after = fetch.subscribe(offset + 2, None)
-    assert after is not None
+    assert during is not None and after is not None
     await slow.next()
     await asyncio.wait_for(delivering, 5)
     slow.close()
     await fetch._broadcast(b"ef")
+    assert [await during.next(), await during.next()] == [b"cd", b"ef"]
     assert await after.next() == b"ef"
+
+
+async def test_a_late_request_is_replayed_what_went_by_and_then_follows_live(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(blob_fetch, "REPLAY_BYTES", 9)
+    fetch = _fetch(tmp_path)
+    for piece in (b"0123", b"4567", b"89ab", b"cdef"):
+        await fetch._broadcast(piece)  # the replay keeps "4567" "89ab" "cdef": >= 9 bytes
+    assert fetch.subscribe(3, None) is None  # gone by for good: it waits for the cache
+    late = fetch.subscribe(5, None)
+    ranged = fetch.subscribe(6, 9)  # all of it went by, and the replay still has it
+    assert late is not None and ranged is not None
+    assert [await ranged.next(), await ranged.next(), await ranged.next()] == [b"67", b"89",
+                                                                               None]
+    assert ranged not in fetch.subscribers
+    await fetch._broadcast(b"gh")
+    await fetch._finish()
+    received = []
+    while (piece := await late.next()) is not None:
+        received.append(piece)
+    assert b"".join(received) == b"56789abcdefgh"
