@@ -116,6 +116,9 @@ class BlobFetch:
         return subscription
 
     async def run(self) -> None:
+        if await self.registry.store.stat(paths.blob(self.digest)) is not None:
+            await self._stored_meanwhile()
+            return
         staged = paths.staging(paths.blob(self.digest), uuid.uuid4().hex)
         hasher = Hasher()
         writes: asyncio.Queue[object] = asyncio.Queue(maxsize=QUEUE_PIECES)
@@ -145,6 +148,22 @@ class BlobFetch:
             if not isinstance(exc, Exception):
                 raise
         finally:
+            self.ready.set()
+            self.done.set()
+
+    async def _stored_meanwhile(self) -> None:
+        """The blob was committed (an earlier fetch, or a push) between the caller's cache
+        check and this start: fetch nothing, but link it (the callers do) only once the
+        upstream confirms it serves this digest here, so no private blob leaks."""
+        try:
+            await self.retry.run("checking the blob", lambda _n: self.client.blob_size(
+                min(self.repos), self.digest))
+        except BaseException as exc:
+            self._fail(self._wire_error(exc))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._joinable = False
             self.ready.set()
             self.done.set()
 

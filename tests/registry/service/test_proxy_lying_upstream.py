@@ -20,6 +20,10 @@ from starlette.routing import Route
 
 from registry import media_types as mt
 from registry.digests import Digest
+from registry.service import paths
+from registry.service.proxy.blob_fetch import BlobFetch
+from registry.service.proxy.upstream import UpstreamClient
+from registry.service.registry import Registry
 from registry.service.storage.filesystem import FilesystemStore
 from tests.registry.transfer.tls import tls_server
 
@@ -36,7 +40,9 @@ class LyingUpstream:
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
         self.ranges: list[str] = []
+        self.methods: list[str] = []
         self.base = ""
+        self.ca_file = ""
         self.blobs = {"corrupt-small": SMALL, "corrupt-large": LARGE, "truncated": LARGE,
                       "redirect": SMALL, "honest": LARGE[::-1], "ranged": LARGE[1:],
                       "ranged-corrupt": LARGE[2:]}
@@ -62,6 +68,7 @@ class LyingUpstream:
         digest = request.path_params["digest"]
         name = next(n for n, d in self.digests.items() if str(d) == digest)
         self.hits[name] += 1
+        self.methods.append(request.method)
         data = self.blobs[name]
         if name == "redirect":
             return RedirectResponse(f"https://127.0.0.2:{request.url.port}/elsewhere", 307)
@@ -107,6 +114,7 @@ def lying(tmp_path: Path):
         config = proxy_config(url, tmp_path / "ph", ca_file=ca_file,
                               segment_bytes=512 * 1024)
         with proxy_registry(tmp_path / "proxy", config) as (proxy, _app):
+            upstream.base, upstream.ca_file = url, ca_file
             yield upstream, f"http://{proxy}", tmp_path / "proxy"
 
 
@@ -190,3 +198,27 @@ async def test_a_segment_cut_short_is_refetched_alone_and_a_bad_one_stores_nothi
     assert not any(p.name == upstream.digests["ranged-corrupt"].hex
                    for p in (root / "blobs").rglob("*"))
     assert await FilesystemStore(root).staged() == []
+
+
+async def test_a_fetch_started_after_the_blob_was_stored_fetches_nothing(lying, tmp_path) -> None:
+    """The race a second request can hit: its cache check ran before the first fetch
+    committed, its fetch starts after. The new fetch finds the blob stored, asks the upstream
+    only whether it serves the digest here (so no private blob leaks), and GETs nothing."""
+    upstream, _proxy, _root = lying
+    config = proxy_config(upstream.base, tmp_path / "h2", ca_file=upstream.ca_file)
+    registry = Registry.open(FilesystemStore(tmp_path / "other"))
+    digest = upstream.digests["honest"]
+    await registry.store.put(paths.blob(digest), LARGE[::-1])
+    fetch = BlobFetch(registry, UpstreamClient(config.upstreams[0], config), "lie/model", digest,
+                      config.retry)
+    await fetch.run()
+    assert fetch.error is None and fetch.done.is_set()
+    assert fetch.subscribe(0, None) is None  # callers wait for done, link, serve the cache
+    assert upstream.methods == ["HEAD"]
+
+    unknown = BlobFetch(registry, UpstreamClient(config.upstreams[0], config), "lie/model",
+                        upstream.digests["corrupt-small"], config.retry)
+    await registry.store.put(paths.blob(upstream.digests["corrupt-small"]), b"private bytes")
+    upstream.blobs.pop("corrupt-small")  # the upstream no longer serves it: nothing is linked
+    await unknown.run()
+    assert unknown.error is not None
