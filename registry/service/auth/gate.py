@@ -49,6 +49,7 @@ class Gate:
         return f"{conn.url.scheme}://{host}/token"
 
     def claims(self, conn: HTTPConnection) -> Claims | None:
+        """The verified claims of the request behind `conn`, None without a valid token."""
         return self.claims_of(conn.scope)
 
     def claims_of(self, scope: ASGIScope) -> Claims | None:
