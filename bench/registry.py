@@ -2,14 +2,18 @@
 
 Starts both on loopback over fresh temp directories (filesystem storage), drives each with
 `../shared/bench/regbench.py` (same arguments, same seed), and prints every figure side by side
-with the ratio ferry/reference (throughput: higher is better for ferry). Each phase runs against
-the reference, then ferry, before the next group of phases starts. A third server, ferry with
+with the ratio ferry/reference (throughput: higher is better for ferry). Each group of phases runs
+against every server before the next group starts, and the whole set repeats `--rounds` times
+with the servers' order rotated each round, so each takes every position; the table shows each
+figure's median over the rounds. (On this shared two-core box one pass is not enough: single
+passes of the same build put auth/open anywhere from 0.23x to 1.5x.) A third server, ferry with
 `--auth` (the same phases through a Bearer token that regbench fetches once and reuses, as
 real clients do; rate limits set out of reach so only their bookkeeping is measured), runs
 beside them; `--no-auth-run` skips it. Run by hand:
 
     .venv/bin/python bench/registry.py                 # the full run (minutes)
     .venv/bin/python bench/registry.py --big-mib 128   # quicker; other regbench flags pass through
+    .venv/bin/python bench/registry.py --rounds 1      # one pass: quickest, and noisiest
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -141,6 +146,38 @@ def print_side_by_side(ferry: dict, reference: dict, auth: dict | None = None) -
         print(line)
 
 
+def median_summary(rounds: list[list[dict]]) -> dict:
+    """One summary from several rounds' rows: each figure the median over the rounds."""
+    by_name: dict[str, list[dict]] = {}
+    for rows in rounds:
+        for row in rows:
+            by_name.setdefault(row["name"], []).append(row)
+    summary = []
+    for rows in by_name.values():
+        merged = dict(rows[0])
+        for key in ("mib_s", "ops_s"):
+            values = [row[key] for row in rows if row.get(key) is not None]
+            merged[key] = statistics.median(values) if values else None
+        summary.append(merged)
+    return {"summary": summary}
+
+
+def print_auth_rounds(ferry: list[list[dict]], auth: list[list[dict]]) -> None:
+    """auth/open in each round (the two ran in the same round), to show the spread behind the
+    medians."""
+    heads = " ".join(f"{f'r{i + 1}':>7}" for i in range(len(ferry)))
+    print(f"\n{'auth/open per round':34} {heads}")
+    for row in ferry[0]:
+        ratios = []
+        for mine, theirs in zip(auth, ferry, strict=True):
+            a = {r["name"]: r for r in mine}.get(row["name"], {})
+            o = {r["name"]: r for r in theirs}.get(row["name"], {})
+            key = "mib_s" if o.get("mib_s") is not None and not row["name"].startswith("small") \
+                else "ops_s"
+            ratios.append(_ratio(a.get(key), o.get(key)))
+        print(f"{row['name']:34} " + " ".join(ratios))
+
+
 # Phases that feed each other run in one regbench call: pull reads the blob big pushed, head
 # probes the blobs small pushed (as regbench intends), so no untimed re-push sits between them.
 GROUPS = ("big,pull", "manifest", "small,head")
@@ -153,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", default=";".join(GROUPS),
                         help="';'-separated regbench phase groups, each run against both "
                         "registries in turn (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="passes over every group and server, order rotated each pass; "
+                        "the table shows medians (default: %(default)s)")
     parser.add_argument("--keep", action="store_true", help="keep the temp directories")
     parser.add_argument("--no-auth-run", action="store_true",
                         help="skip the authenticated ferry (token flow) run")
@@ -172,18 +212,28 @@ def main(argv: list[str] | None = None) -> int:
             proc = start(root, port)
             servers[label] = (proc, f"http://127.0.0.1:{port}")
             wait_ready(servers[label][1], proc)
-        # Group by group, alternating, so a burst of load on this shared machine hits both
-        # registries alike instead of whichever happened to run during it.
-        results: dict[str, dict] = {label: {"summary": []} for label in servers}
-        for number, group in enumerate(args.groups.split(";")):
-            for label, (proc, url) in servers.items():
-                out = work / f"{label.replace('+', '-')}-{number}.json"
-                creds = ["--user", ":".join(AUTH_USER)] if label == "ferry+auth" else []
-                got = run_regbench(url, proc.pid, out, ["--phases", group, *creds, *extra],
-                                   args.seed)
-                results[label]["summary"] += got["summary"]
+        # Group by group, every server in turn, so a burst of load on this shared machine hits
+        # them alike; the order rotates each round so none always runs first or last.
+        labels = list(servers)
+        rounds: dict[str, list[list[dict]]] = {label: [] for label in labels}
+        for turn in range(max(1, args.rounds)):
+            order = labels[turn % len(labels):] + labels[:turn % len(labels)]
+            for label in labels:
+                rounds[label].append([])
+            for number, group in enumerate(args.groups.split(";")):
+                for label in order:
+                    proc, url = servers[label]
+                    out = work / f"{label.replace('+', '-')}-{turn}-{number}.json"
+                    creds = ["--user", ":".join(AUTH_USER)] if label == "ferry+auth" else []
+                    got = run_regbench(url, proc.pid, out,
+                                       ["--phases", group, "-q", *creds, *extra], args.seed)
+                    rounds[label][-1] += got["summary"]
+        results = {label: median_summary(rows) for label, rows in rounds.items()}
         print()
+        print(f"medians of {max(1, args.rounds)} round(s); load average {os.getloadavg()}")
         print_side_by_side(results["ferry"], results["reference"], results.get("ferry+auth"))
+        if "ferry+auth" in rounds:
+            print_auth_rounds(rounds["ferry"], rounds["ferry+auth"])
     finally:
         for proc, _ in servers.values():
             proc.terminate()

@@ -13,12 +13,12 @@ import re
 from typing import Any
 
 from starlette.requests import HTTPConnection, Request
+from starlette.types import Scope as ASGIScope
 
 from registry.service.auth.config import AuthConfig
 from registry.service.auth.scopes import (
     CATALOG,
     Scope,
-    covers,
     granted_actions,
     has_catalog,
 )
@@ -49,14 +49,21 @@ class Gate:
         return f"{conn.url.scheme}://{host}/token"
 
     def claims(self, conn: HTTPConnection) -> Claims | None:
-        """The request's verified token claims, worked out once per request."""
-        state = conn.scope.setdefault("state", {})
+        """The verified claims of the request behind `conn`, None without a valid token."""
+        return self.claims_of(conn.scope)
+
+    def claims_of(self, scope: ASGIScope) -> Claims | None:
+        """The request's verified token claims, worked out once per request (the access
+        middleware asks first, on the raw ASGI scope: no Request or Headers object for it)."""
+        state = scope.setdefault("state", {})
         if _CLAIMS in state:
             return state[_CLAIMS]  # type: ignore[no-any-return]
-        header = conn.headers.get("authorization", "")
         claims = None
-        if len(header) <= MAX_AUTHORIZATION and header[:7].lower() == "bearer ":
-            claims = self.tokens.verify(header[7:].strip())
+        for name, value in scope["headers"]:  # ASGI names are lower-case; the first one counts
+            if name == b"authorization":
+                if len(value) <= MAX_AUTHORIZATION and value[:7].lower() == b"bearer ":
+                    claims = self.tokens.verify(value[7:].strip().decode("latin-1"))
+                break
         state[_CLAIMS] = claims
         return claims
 
@@ -78,12 +85,13 @@ def gate_of(conn: HTTPConnection) -> Gate | None:
 def authorize(request: Request, repo: str, action: str) -> None:
     """Raise the 401 challenge unless the caller's token grants `action` on `repo`."""
     gate = gate_of(request)
-    request.state.audit_repository = repo
-    request.state.audit_action = action
+    state = request.scope.setdefault("state", {})  # what request.state writes, minus a State
+    state["audit_repository"] = repo
+    state["audit_action"] = action
     if gate is None:
         return
-    claims = gate.claims(request)
-    if claims is not None and covers(claims.access, repo, action):
+    claims = gate.claims_of(request.scope)
+    if claims is not None and claims.allows(repo, action):
         return
     held = granted_actions(claims.access, repo) if claims else set()
     # Reads and writes ask for both: clients that keep their first token for a repository
@@ -121,6 +129,6 @@ def mount_source(request: Request, repo: str, source: str | None) -> str | None:
     if gate is None:
         return source
     claims = gate.claims(request)
-    if source is not None and claims is not None and covers(claims.access, source, "pull"):
+    if source is not None and claims is not None and claims.allows(source, "pull"):
         return source
     return repo

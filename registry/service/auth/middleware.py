@@ -34,16 +34,21 @@ class AccessMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        conn = HTTPConnection(scope)
-        subject, address = self._identify(conn)
+        # Every request passes here: it works on the raw scope (no Request, no Headers object)
+        # and keeps the per-request work to what the checks need.
+        claims = self.gate.claims_of(scope) if self.gate is not None else None
+        subject = claims.subject if claims is not None else ""
+        address = scope["client"][0] if scope.get("client") else "unknown"
         client = subject or address
-        refusal = self._over_limit(conn, client)
-        status: list[int] = []
+        refusal = self._over_limit(scope, client)
+        status = 500
 
         async def send_and_watch(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                status.append(message["status"])
-                self._track_upload(conn, client, message)
+                status = message["status"]
+                if self.uploads is not None:
+                    self._track_upload(scope, client, message)
             await send(message)
 
         try:
@@ -52,30 +57,26 @@ class AccessMiddleware:
             else:
                 await self.app(scope, receive, send_and_watch)
         finally:
-            self._record(conn, subject, address, status[0] if status else 500)
+            if self.audit is not None and (scope["method"] not in _READS or status in _DENIALS):
+                self._record(scope, subject, address, status)
 
-    def _identify(self, conn: HTTPConnection) -> tuple[str, str]:
-        address = conn.client.host if conn.client else "unknown"
-        claims = self.gate.claims(conn) if self.gate is not None else None
-        return (claims.subject if claims else ""), address
-
-    def _over_limit(self, conn: HTTPConnection, client: str) -> RegistryError | None:
+    def _over_limit(self, scope: Scope, client: str) -> RegistryError | None:
         if self.buckets is not None:
             wait = self.buckets.take(client)
             if wait > 0:
                 return RegistryError("TOOMANYREQUESTS", "request rate limit exceeded",
                                      headers={"Retry-After": retry_after(wait)})
-        if (self.uploads is not None and conn.scope["method"] == "POST"
-                and _UPLOAD_START.match(conn.scope["path"]) and self.uploads.full(client)):
+        if (self.uploads is not None and scope["method"] == "POST"
+                and _UPLOAD_START.match(scope["path"]) and self.uploads.full(client)):
             return RegistryError("TOOMANYREQUESTS", f"at most {self.uploads.limit} open "
                                  "upload sessions per client; finish or cancel one",
                                  headers={"Retry-After": "5"})
         return None
 
-    def _track_upload(self, conn: HTTPConnection, client: str, message: Message) -> None:
+    def _track_upload(self, scope: Scope, client: str, message: Message) -> None:
         if self.uploads is None:
             return
-        method, path, code = conn.scope["method"], conn.scope["path"], message["status"]
+        method, path, code = scope["method"], scope["path"], message["status"]
         if method == "POST" and code == 202:
             for name, value in message.get("headers", []):
                 if name.lower() == b"docker-upload-uuid":
@@ -85,22 +86,21 @@ class AccessMiddleware:
             if session:
                 self.uploads.closed(client, session.group(1))
 
-    def _record(self, conn: HTTPConnection, subject: str, address: str, status: int) -> None:
-        method = conn.scope["method"]
-        if self.audit is None or (method in _READS and status not in _DENIALS):
+    def _record(self, scope: Scope, subject: str, address: str, status: int) -> None:
+        if self.audit is None:
             return
-        state: dict[str, Any] = conn.scope.get("state", {})
-        path: str = conn.scope["path"]
+        state: dict[str, Any] = scope.get("state", {})
+        path: str = scope["path"]
         reference = _REFERENCE.match(path)
         self.audit.write(
             subject=state.get("audit_subject", subject) or "anonymous", address=address,
-            method=method, action=state.get("audit_action"), path=path[:300],
+            method=scope["method"], action=state.get("audit_action"), path=path[:300],
             repository=state.get("audit_repository"),
             reference=reference.group(1)[:200] if reference else None,
-            digest=_digest_param(conn), status=status)
+            digest=_digest_param(scope), status=status)
 
 
-def _digest_param(conn: HTTPConnection) -> str | None:
-    if b"digest=" not in conn.scope.get("query_string", b""):
+def _digest_param(scope: Scope) -> str | None:
+    if b"digest=" not in scope.get("query_string", b""):
         return None  # most requests: skip parsing the query
-    return (conn.query_params.get("digest") or "")[:100] or None
+    return (HTTPConnection(scope).query_params.get("digest") or "")[:100] or None

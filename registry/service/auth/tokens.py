@@ -2,8 +2,14 @@
 
 Every replica holding the same key file verifies every other replica's tokens. During a key
 rotation the config lists the old public key in `verify_keys`, so tokens signed by either key
-verify until the old ones expire. A verified token is cached until it expires: clients reuse one
-token for many requests, and the signature check is the costly part of a small request.
+verify until the old ones expire.
+
+Clients reuse one token for many requests, and decoding plus the Ed25519 check cost more than
+the rest of a small request's auth work together, so a verified token is remembered by its exact
+string (at most CACHE_LIMIT of them, the oldest forgotten first). A remembered token is still
+refused once it expires (the same leeway as the full check) or once the key that signed it is no
+longer among `keys`; everything else the full check looks at (signature, audience, issuer,
+claims) is a function of the string alone.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import base64
 import hashlib
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
@@ -23,7 +29,7 @@ from registry.service.auth.scopes import Scope
 
 ISSUER = "ferry-registry"
 LEEWAY = 10  # seconds of clock skew tolerated between replicas
-_CACHE_LIMIT = 10000
+CACHE_LIMIT = 10000  # verified tokens remembered
 
 
 def key_id(key: Ed25519PublicKey) -> str:
@@ -36,6 +42,23 @@ class Claims:
     subject: str  # "" for anonymous
     access: list[dict[str, Any]]
     expires: float
+    # repository -> granted actions, worked out once per token from `access` (see `allows`)
+    grants: dict[str, frozenset[str]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        grants: dict[str, set[str]] = {}
+        for entry in self.access:
+            if not isinstance(entry, dict) or entry.get("type") != "repository":
+                continue
+            name, actions = entry.get("name"), entry.get("actions")
+            if isinstance(name, str) and isinstance(actions, list):
+                grants.setdefault(name, set()).update(a for a in actions if isinstance(a, str))
+        object.__setattr__(self, "grants", {k: frozenset(v) for k, v in grants.items()})
+
+    def allows(self, repo: str, action: str) -> bool:
+        """Does the `access` claim grant `action` on `repo`? (scopes.covers, precomputed.)"""
+        actions = self.grants.get(repo)
+        return actions is not None and action in actions
 
 
 @dataclass(frozen=True)
@@ -53,7 +76,7 @@ class Tokens:
         self.signing_kid = key_id(signing_key.public_key())
         self.service = service
         self.lifetime = lifetime
-        self._cache: dict[str, Claims] = {}
+        self._cache: dict[str, tuple[Claims, str]] = {}  # token -> (claims, signing kid)
 
     def issue(self, subject: str, granted: list[Scope]) -> IssuedToken:
         now = int(time.time())
@@ -69,21 +92,26 @@ class Tokens:
         """The token's claims when its signature, audience, issuer and times hold, else None."""
         cached = self._cache.get(token)
         if cached is not None:
-            return cached if cached.expires + LEEWAY > time.time() else None
-        claims = self._decode(token)
-        if claims is not None:
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[token] = claims
-        return claims
+            claims, kid = cached
+            if claims.expires + LEEWAY > time.time() and kid in self.keys:
+                return claims
+            del self._cache[token]  # expired, or its key retired: the full check fails too
+            return None
+        decoded = self._decode(token)
+        if decoded is None:
+            return None
+        if len(self._cache) >= CACHE_LIMIT:  # dicts keep insertion order: drop the oldest
+            del self._cache[next(iter(self._cache))]
+        self._cache[token] = decoded
+        return decoded[0]
 
-    def _decode(self, token: str) -> Claims | None:
+    def _decode(self, token: str) -> tuple[Claims, str] | None:
         try:
             kid = jwt.get_unverified_header(token).get("kid")
         except jwt.InvalidTokenError:
             return None
         key = self.keys.get(kid) if isinstance(kid, str) else None
-        if key is None:
+        if key is None or not isinstance(kid, str):
             return None  # signed by no key of ours (or an unsigned token naming none)
         try:
             data = jwt.decode(token, key, algorithms=["EdDSA"], audience=self.service,
@@ -95,4 +123,4 @@ class Tokens:
         subject = data.get("sub")
         if not isinstance(access, list) or not isinstance(subject, str):
             return None
-        return Claims(subject, access, float(data["exp"]))
+        return Claims(subject, access, float(data["exp"])), kid
