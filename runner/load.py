@@ -61,6 +61,7 @@ Progress = Callable[[float], None]
 FLOAT32_BUDGET = 0.7  # share of available memory float32 weights may take under "auto"
 DRAFT_PREFIX = "draft."
 EMBEDDING = "model.embed_tokens"  # the token embedding's module path in every architecture
+KV_DTYPE = mx.float16  # the fused path's KV cache for half-precision checkpoints (_stored_dtype)
 
 
 class LoadError(RuntimeError):
@@ -272,6 +273,25 @@ def _upcast(compute: str, key: str) -> bool:
     return compute == "float32" or (compute == "fused" and "embed_tokens" not in key)
 
 
+def _stored_dtype(weights: dict[str, mx.array], model: nn.Module) -> mx.Dtype | None:
+    """The half precision the checkpoint computes in, read off its token embedding as stored
+    (a quantized one's scales); None for a float32 checkpoint (or one this cannot tell).
+
+    For such a model the fused path keeps its KV cache in `KV_DTYPE` instead of the
+    activations' float32: half the bytes, and the cache is what grows with the context (the
+    medium fixture's 608 positions: 139 MB in float32, held twice while the prefix cache copies
+    it out). mlx-lm's cache takes its activations' dtype, bf16 for these checkpoints; float16
+    (what llama.cpp and Ollama store by default) keeps 3 more mantissa bits: with it greedy
+    tokens stay identical to the float32 path on every parity fixture, where bf16 changed one
+    (llama int8, token 6)."""
+    embedding = model["model"].get("embed_tokens") if "model" in model else None
+    dtype = getattr(embedding, "dtype", None)  # a MappedEmbedding's
+    if not isinstance(embedding, MappedEmbedding):
+        stored = weights.get(EMBEDDING + ".scales", weights.get(EMBEDDING + ".weight"))
+        dtype = stored.dtype if stored is not None else None
+    return dtype if dtype in (mx.bfloat16, mx.float16) else None
+
+
 def _dense_candidate(key: str) -> bool:
     """A weight the bf16 kernel may serve, if its module turns out to be a `Linear` (see
     `dense_modules`); embeddings are left to `_upcast`."""
@@ -420,6 +440,7 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
     if mapped is not None:
         model.update_modules(tree_unflatten([(EMBEDDING, MappedEmbedding(*mapped[1:]))]))
     if compute == "fused":
+        model.kv_dtype = KV_DTYPE if _stored_dtype(weights, model) is not None else None
         dense_modules(model, weights)
     return assign_weights(name, model, weights, qtypes, compute)
 

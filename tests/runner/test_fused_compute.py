@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten
 
 from runner.generate import Generator
 from runner.kernels import qmatvec
+from runner.kv_cache import KVCache, new_caches
 from runner.load import load_model
 from runner.nn.fused_linear import DECODE_ROWS, FusedDenseLinear, FusedQuantizedLinear
 from runner.quant import QuantType
@@ -113,6 +114,21 @@ def test_greedy_tokens_identical_to_the_float32_path(model_store, created_model,
     assert fused.weights_bytes < full.weights_bytes / 2
     # (native is not compared: it keeps activations in bf16 and drifts after ~20 tokens)
     assert _greedy(fused) == _greedy(full)
+
+
+@pytest.mark.parametrize("quant", ["int4", None])
+def test_fused_kv_cache_holds_float16_and_float32s_holds_float32(model_store, created_model,
+                                                                 quant):
+    name = created_model("llama", quant)
+    for compute, dtype in (("fused", mx.float16), ("float32", mx.float32)):
+        model = load_model(model_store, name, compute).model
+        caches = new_caches(model)
+        model(mx.array([PROMPT]), caches)
+        mx.eval([c.state for c in caches])
+        assert {c.keys.dtype for c in caches} == {c.values.dtype for c in caches} == {dtype}
+    cache = KVCache()
+    cache.update_and_fetch(mx.ones((1, 2, 3, 4)), mx.ones((1, 2, 3, 4)))
+    assert cache.keys.dtype == mx.float32  # without a model's kv_dtype: the writes' own
 
 
 def test_an_untied_embedding_is_mapped_from_its_blob_and_a_tied_one_loaded(model_store,
