@@ -17,7 +17,8 @@ keeps affine 2/4/8-bit weights packed (`runner/nn/fused_linear.py`: a fused dequ
 multiply kernel for decode, per-block dequantization for BLAS in prefill), keeps dense bf16
 linear weights as stored (`FusedDenseLinear`: a bf16 kernel for decode, a per-layer float32
 copy for prefill) and upcasts the rest like float32, except an untied embedding, which only
-serves lookups and stays as stored.
+serves lookups and stays as stored; the KV cache of a half-precision checkpoint holds float16
+(`_stored_dtype`), and MLX keeps no pool of freed buffers (see `load_model`).
 "auto" on a CPU picks fused when the kernel builds and the model is quantized or holds bf16
 linear weights (measured with bench/runner.py: faster decode than float32 at the stored size,
 where float32 takes 8x an int4 model's size and 2x a bf16 one's), else float32 when the float32

@@ -131,6 +131,18 @@ def test_fused_kv_cache_holds_float16_and_float32s_holds_float32(model_store, cr
     assert cache.keys.dtype == mx.float32  # without a model's kv_dtype: the writes' own
 
 
+def test_the_fused_path_keeps_no_pool_of_freed_buffers(model_store, created_model):
+    previous = mx.set_cache_limit(1 << 30)
+    try:
+        model = load_model(model_store, created_model("llama", "int4"), "fused").model
+        logits = model(mx.array([PROMPT * 4]))  # prefill-sized: float32 transients per layer
+        mx.eval(logits)
+        del logits
+        assert mx.get_cache_memory() == 0
+    finally:
+        mx.set_cache_limit(previous)
+
+
 def test_an_untied_embedding_is_mapped_from_its_blob_and_a_tied_one_loaded(model_store,
                                                                            created_model):
     llama = load_model(model_store, created_model("llama", "int4"), "fused")
