@@ -24,10 +24,11 @@ STEP = 256
 class KVCache:
     rewindable = True
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: mx.Dtype | None = None) -> None:
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.offset = 0
+        self.dtype = dtype  # what the buffers hold; None: the first write's dtype
 
     @property
     def capacity(self) -> int:
@@ -48,8 +49,8 @@ class KVCache:
     def _grow(self, keys: mx.array, values: mx.array, length: int) -> None:
         batch, heads, _, k_dim = keys.shape
         extra = -(-length // STEP) * STEP
-        new_k = mx.zeros((batch, heads, extra, k_dim), keys.dtype)
-        new_v = mx.zeros((batch, heads, extra, values.shape[3]), values.dtype)
+        new_k = mx.zeros((batch, heads, extra, k_dim), self.dtype or keys.dtype)
+        new_v = mx.zeros((batch, heads, extra, values.shape[3]), self.dtype or values.dtype)
         if self.keys is None or self.values is None:
             self.keys, self.values = new_k, new_v
             return
@@ -238,8 +239,13 @@ def _copied(array: mx.array | None) -> mx.array | None:
 
 def new_caches(model: object) -> list[Cache]:
     """A fresh cache per layer that keeps one: the model's own kinds when it declares them
-    (`make_cache`, hybrid models), else a KVCache per layer."""
+    (`make_cache`, hybrid models), else a KVCache per layer. A model's `kv_dtype` (the loader
+    sets it on the fused path) is what its KVCaches store."""
     make = getattr(model, "make_cache", None)
-    if make is not None:
-        return make()
-    return [KVCache() for _ in model.layers]  # type: ignore[attr-defined]
+    layers = getattr(model, "layers", [])
+    caches = make() if make is not None else [KVCache() for _ in layers]
+    kv_dtype = getattr(model, "kv_dtype", None)  # set by the loader (runner/load.py)
+    for cache in caches:
+        if kv_dtype is not None and isinstance(cache, KVCache):
+            cache.dtype = kv_dtype
+    return caches

@@ -14,11 +14,15 @@ Compute paths (`FERRY_COMPUTE`): "native" keeps every tensor as stored (bf16 mat
 matmuls); "float32" dequantizes and upcasts each tensor as it is read, so every matmul is a dense
 float32 GEMM (the only kind MLX's CPU backend hands to BLAS, ~75x faster with OpenBLAS); "fused"
 keeps affine 2/4/8-bit weights packed (`runner/nn/fused_linear.py`: a fused dequantize-and-
-multiply kernel for decode, per-block dequantization for BLAS in prefill) and upcasts the rest
-like float32, except an untied embedding, which only serves lookups and stays as stored.
-"auto" on a CPU picks fused for a quantized model when the kernel builds (measured with
-bench/runner.py: faster decode than float32 at the quantized size, where float32 takes 8x an
-int4 model's size), else float32 when the float32 weights fit the memory budget, else native.
+multiply kernel for decode, per-block dequantization for BLAS in prefill), keeps dense bf16
+linear weights as stored (`FusedDenseLinear`: a bf16 kernel for decode, a per-layer float32
+copy for prefill) and upcasts the rest like float32, except an untied embedding, which only
+serves lookups and stays as stored; the KV cache of a half-precision checkpoint holds float16
+(`_stored_dtype`), and MLX keeps no pool of freed buffers (see `load_model`).
+"auto" on a CPU picks fused when the kernel builds and the model is quantized or holds bf16
+linear weights (measured with bench/runner.py: faster decode than float32 at the stored size,
+where float32 takes 8x an int4 model's size and 2x a bf16 one's), else float32 when the float32
+weights fit the memory budget, else native.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from runner.gguf_load import GGUFFile, GGUFLoadError, gguf_config, open_gguf, re
 from runner.gguf_tokenizer import eos_ids, tokenizer_files
 from runner.kernels import qmatvec
 from runner.models import model_module, model_types, module_for_architecture, module_for_gguf
-from runner.nn.fused_linear import FusedQuantizedLinear, fused_supported
+from runner.nn.fused_linear import FusedDenseLinear, FusedQuantizedLinear, fused_supported
 from runner.nn.linear import Linear
 from runner.nn.mapped_embedding import MappedEmbedding, mappable
 from runner.quant import QuantType
@@ -58,6 +62,7 @@ Progress = Callable[[float], None]
 FLOAT32_BUDGET = 0.7  # share of available memory float32 weights may take under "auto"
 DRAFT_PREFIX = "draft."
 EMBEDDING = "model.embed_tokens"  # the token embedding's module path in every architecture
+KV_DTYPE = mx.float16  # the fused path's KV cache for half-precision checkpoints (_stored_dtype)
 
 
 class LoadError(RuntimeError):
@@ -181,6 +186,18 @@ def is_quantized(store: Store, files: ModelFiles) -> bool:
     return False
 
 
+def has_bf16_linears(store: Store, files: ModelFiles) -> bool:
+    """Whether a safetensors model stores any 2-D bf16 weight besides its embedding: the fused
+    path's bf16 kernel serves those (headers only)."""
+    for _, digest in files.tensor_blobs:
+        header = read_header(store.blob_path(digest))
+        for key, entry in header.items():
+            if (isinstance(entry, dict) and entry.get("dtype") == "BF16"
+                    and len(entry.get("shape", ())) == 2 and _dense_candidate(key)):
+                return True
+    return False
+
+
 def choose_compute(setting: str, store: Store, files: ModelFiles) -> str:
     if setting == "fused" and not qmatvec.available():
         raise LoadError("FERRY_COMPUTE=fused needs the fused kernel, which cannot be built here "
@@ -189,7 +206,8 @@ def choose_compute(setting: str, store: Store, files: ModelFiles) -> str:
         return setting
     if mx.default_device().type != mx.DeviceType.cpu:
         return "native"
-    if is_quantized(store, files) and qmatvec.available():
+    if files.gguf is None and qmatvec.available() and (is_quantized(store, files)
+                                                       or has_bf16_linears(store, files)):
         return "fused"
     budget = psutil.virtual_memory().available * FLOAT32_BUDGET
     return "float32" if float32_bytes(store, files) <= budget else "native"
@@ -219,7 +237,8 @@ def read_blob_tensors(path: str, compute: str) -> tuple[dict[str, mx.array], dic
         if key.endswith((".scale", ".bias")) and key.rsplit(".", 1)[0] + ".scale" in arrays:
             continue  # quantization companions, taken with their tensor below
         if key + ".scale" not in arrays:
-            weights[key] = array.astype(mx.float32) if _upcast(compute, key) else array
+            keep = compute == "fused" and array.dtype == mx.bfloat16 and _dense_candidate(key)
+            weights[key] = array if keep or not _upcast(compute, key) else array.astype(mx.float32)
             continue
         qtype = _quant_type(metadata, key)
         if qtype is None:
@@ -253,6 +272,50 @@ def _upcast(compute: str, key: str) -> bool:
     """Dense tensors become float32 on the float32 and fused paths, except (fused) embeddings,
     which serve lookups (a tied head is upcast after loading, see `assign_weights`)."""
     return compute == "float32" or (compute == "fused" and "embed_tokens" not in key)
+
+
+def _stored_dtype(weights: dict[str, mx.array], model: nn.Module) -> mx.Dtype | None:
+    """The half precision the checkpoint computes in, read off its token embedding as stored
+    (a quantized one's scales); None for a float32 checkpoint (or one this cannot tell).
+
+    For such a model the fused path keeps its KV cache in `KV_DTYPE` instead of the
+    activations' float32: half the bytes, and the cache is what grows with the context (the
+    medium fixture's 608 positions: 139 MB in float32, held twice while the prefix cache copies
+    it out). mlx-lm's cache takes its activations' dtype, bf16 for these checkpoints; float16
+    (what llama.cpp and Ollama store by default) keeps 3 more mantissa bits: with it greedy
+    tokens stay identical to the float32 path on every parity fixture, where bf16 changed one
+    (llama int8, token 6)."""
+    embedding = model["model"].get("embed_tokens") if "model" in model else None
+    dtype = getattr(embedding, "dtype", None)  # a MappedEmbedding's
+    if not isinstance(embedding, MappedEmbedding):
+        stored = weights.get(EMBEDDING + ".scales", weights.get(EMBEDDING + ".weight"))
+        dtype = stored.dtype if stored is not None else None
+    return dtype if dtype in (mx.bfloat16, mx.float16) else None
+
+
+def _dense_candidate(key: str) -> bool:
+    """A weight the bf16 kernel may serve, if its module turns out to be a `Linear` (see
+    `dense_modules`); embeddings are left to `_upcast`."""
+    return key.endswith(".weight") and "embed_tokens" not in key
+
+
+def dense_modules(model: nn.Module, weights: dict[str, mx.array]) -> None:
+    """Fused path: swap each `Linear` whose weight was kept bf16 for `FusedDenseLinear`, and
+    upcast every other kept bf16 tensor (a 2-D weight of some other module) to float32."""
+    modules = dict(model.named_modules())
+    swaps = []
+    for key, array in weights.items():
+        if array.dtype != mx.bfloat16 or not _dense_candidate(key):
+            continue
+        path = key.removesuffix(".weight")
+        module = modules.get(path)
+        if type(module) is Linear and array.ndim == 2:
+            out_dims, in_dims = array.shape
+            swaps.append((path, FusedDenseLinear(in_dims, out_dims, bias="bias" in module)))
+        else:
+            weights[key] = array.astype(mx.float32)
+    if swaps:
+        model.update_modules(tree_unflatten(swaps))
 
 
 def quantize_modules(model: nn.Module, qtypes: dict[str, QuantType], compute: str) -> None:
@@ -304,6 +367,12 @@ def load_model(store: Store, name: str, compute: str = "auto",
     started = time.perf_counter()
     files = read_model_files(store, name)
     path = choose_compute(compute, store, files)
+    if path == "fused":
+        # MLX keeps freed buffers for reuse until `release` (every prefill chunk, every 256
+        # tokens): prefill's transients (per-layer float32 weights, attention scores) then sit
+        # in that pool beside the live ones and raise the peak. Without it, peak RSS fell by
+        # ~21 MiB (small fixture, int4) and 28 MiB (medium), decode no slower within noise.
+        mx.set_cache_limit(0)
     total = max(1, len(files.tensor_blobs) + len(files.draft_blobs))
 
     def step(done: int) -> None:
@@ -377,6 +446,9 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
         weights = module.sanitize(weights)
     if mapped is not None:
         model.update_modules(tree_unflatten([(EMBEDDING, MappedEmbedding(*mapped[1:]))]))
+    if compute == "fused":
+        model.kv_dtype = KV_DTYPE if _stored_dtype(weights, model) is not None else None
+        dense_modules(model, weights)
     return assign_weights(name, model, weights, qtypes, compute)
 
 

@@ -136,3 +136,49 @@ int qmatmul_affine(const float *x, int64_t rows, int64_t in_dims, const uint32_t
     free(xsum);
     return 0;
 }
+
+/* y[rows, out] = x[rows, in] . w^T for dense bf16 weights w[out, in], on the CPU.
+ *
+ * A bf16 value is the top half of a float32, so widening is a 16-bit shift and every product is
+ * exactly the float32 path's. Decode's matrix-vector products are bound by reading the weights:
+ * reading 2 bytes per weight instead of a float32 copy's 4 is the whole gain (and the model keeps
+ * its stored size). Four independent accumulators hide the FMA latency; the tail is scalar. */
+#ifdef __AVX2__
+static inline __m256 bf16x8(const uint16_t *p) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+#endif
+
+static float bf16_row_dot(const uint16_t *w, const float *x, int64_t n) {
+    int64_t i = 0;
+    float tail = 0.0f;
+#ifdef __AVX2__
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(bf16x8(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(bf16x8(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(bf16x8(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8)
+        a0 = _mm256_fmadd_ps(bf16x8(w + i), _mm256_loadu_ps(x + i), a0);
+    tail = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+#endif
+    for (; i < n; i++)
+        tail += bf16_to_f32(w[i]) * x[i];
+    return tail;
+}
+
+int matmul_bf16(const float *x, int64_t rows, int64_t in_dims, const uint16_t *w,
+                int64_t out_dims, float *y) {
+    if (rows < 0 || in_dims <= 0 || out_dims < 0)
+        return -1;
+    for (int64_t o = 0; o < out_dims; o++) {
+        const uint16_t *wrow = w + o * in_dims;
+        for (int64_t r = 0; r < rows; r++)
+            y[r * out_dims + o] = bf16_row_dot(wrow, x + r * in_dims, in_dims);
+    }
+    return 0;
+}

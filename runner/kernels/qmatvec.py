@@ -1,11 +1,13 @@
-"""The fused dequantize-and-multiply kernel (`qmatvec.c`), compiled on first use, called by ctypes.
+"""The fused kernels (`qmatvec.c`), compiled on first use, called by ctypes: dequantize-and-multiply
+for affine quantized weights, and a bf16 matrix product that widens each weight as it reads it.
 
 MLX's CPU `quantized_matmul` runs at a fraction of a GFLOP/s, and expanding weights to float32
 for BLAS costs 8x an int4 model's size in memory. This kernel reads the packed weights as they
 are and runs at the speed of reading them. It is built once per source, compiler flags and CPU
 into `runner/kernels/_build/` (or a private temp dir when the checkout is read-only) with
 `cc -O3 -march=native`; without a compiler `available()` is False and the runner uses
-another compute path.
+another compute path. The bf16 product exists for the same reason: decode reads every weight once
+per token, and a float32 copy for BLAS reads (and holds) twice the bytes of the stored bf16.
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ def _library() -> ctypes.CDLL:
     fn.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _ptr, ctypes.c_int, _c_int64,
                    ctypes.c_int, ctypes.c_int, _ptr]
     fn.restype = ctypes.c_int
+    dense = lib.matmul_bf16
+    dense.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr]
+    dense.restype = ctypes.c_int
     return lib
 
 
@@ -123,3 +128,17 @@ def qmatmul(x: np.ndarray, w: np.ndarray, scales: np.ndarray, biases: np.ndarray
         raise ValueError(f"qmatmul_affine refused a {bits}-bit, group {group_size} layer")
     return y
 
+
+
+def matmul_bf16(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x[rows, in] (float32) . w^T -> [rows, out] float32, for bf16 weights `w` [out, in] viewed
+    as uint16. Both C-contiguous; the caller keeps them alive."""
+    rows, in_dims = x.shape
+    out_dims = w.shape[0]
+    if w.dtype != np.uint16 or w.ndim != 2 or w.shape[1] != in_dims or x.dtype != np.float32:
+        raise ValueError(f"matmul_bf16: x {x.dtype}{x.shape} does not fit w {w.dtype}{w.shape}")
+    y = np.empty((rows, out_dims), dtype=np.float32)
+    if _library().matmul_bf16(x.ctypes.data, rows, in_dims, w.ctypes.data, out_dims,
+                              y.ctypes.data) != 0:
+        raise ValueError(f"matmul_bf16 refused a {out_dims}x{in_dims} layer")
+    return y

@@ -1,5 +1,6 @@
-"""The fused compute path: the C kernel against MLX's dequantized matmul, the layer's decode and
-prefill branches, and greedy decoding of created quantized models against the float32 path."""
+"""The fused compute path: the C kernels against MLX's dequantized (or upcast bf16) matmul, the
+layers' decode and prefill branches, and greedy decoding of created quantized and bf16 models
+against the float32 path."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from mlx.utils import tree_flatten
 
 from runner.generate import Generator
 from runner.kernels import qmatvec
+from runner.kv_cache import KVCache, new_caches
 from runner.load import load_model
-from runner.nn.fused_linear import DECODE_ROWS, FusedQuantizedLinear
+from runner.nn.fused_linear import DECODE_ROWS, FusedDenseLinear, FusedQuantizedLinear
 from runner.quant import QuantType
 from runner.sample import Options
 from runner.tokenizer import ModelTokenizer
@@ -69,6 +71,30 @@ def test_unsupported_widths_are_refused_not_miscomputed():
                         np.zeros((2, 1), np.float32), np.zeros((2, 1), np.float32), 4, 64)
 
 
+@pytest.mark.parametrize("out_dims,in_dims", [(1, 1), (5, 7), (37, 40), (64, 768), (130, 1029)])
+@pytest.mark.parametrize("rows", [1, 3, DECODE_ROWS + 5])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_layer_matches_the_float32_matmul(out_dims, in_dims, rows, bias):
+    """Odd widths exercise the vector loop's 32- and 8-wide tails; rows past DECODE_ROWS take
+    the prefill branch."""
+    key = mx.random.key(out_dims * in_dims + rows)
+    weight = mx.random.normal((out_dims, in_dims), key=key).astype(mx.bfloat16)
+    layer = FusedDenseLinear(in_dims, out_dims, bias=bias)
+    layer.update({"weight": weight, **({"bias": mx.arange(out_dims) / 7} if bias else {})})
+    x = mx.random.normal((1, rows, in_dims), key=mx.random.key(rows))
+    reference = x @ weight.astype(mx.float32).T + (mx.arange(out_dims) / 7 if bias else 0)
+    y = layer(x)
+    assert y.shape == (1, rows, out_dims) and y.dtype == mx.float32
+    assert _relative_error(y, reference) <= 1e-5
+
+
+def test_bf16_kernel_refuses_what_does_not_fit():
+    with pytest.raises(ValueError, match="does not fit"):
+        qmatvec.matmul_bf16(np.zeros((1, 8), np.float32), np.zeros((2, 9), np.uint16))
+    with pytest.raises(ValueError, match="does not fit"):
+        qmatvec.matmul_bf16(np.zeros((1, 8), np.float32), np.zeros((2, 8), np.float32))
+
+
 def _greedy(loaded, tokens: int = 32) -> list[str]:
     tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
     tokenizer.eos_ids.clear()  # random weights: compare every token, never stop early
@@ -90,6 +116,33 @@ def test_greedy_tokens_identical_to_the_float32_path(model_store, created_model,
     assert _greedy(fused) == _greedy(full)
 
 
+@pytest.mark.parametrize("quant", ["int4", None])
+def test_fused_kv_cache_holds_float16_and_float32s_holds_float32(model_store, created_model,
+                                                                 quant):
+    name = created_model("llama", quant)
+    for compute, dtype in (("fused", mx.float16), ("float32", mx.float32)):
+        model = load_model(model_store, name, compute).model
+        caches = new_caches(model)
+        model(mx.array([PROMPT]), caches)
+        mx.eval([c.state for c in caches])
+        assert {c.keys.dtype for c in caches} == {c.values.dtype for c in caches} == {dtype}
+    cache = KVCache()
+    cache.update_and_fetch(mx.ones((1, 2, 3, 4)), mx.ones((1, 2, 3, 4)))
+    assert cache.keys.dtype == mx.float32  # without a model's kv_dtype: the writes' own
+
+
+def test_the_fused_path_keeps_no_pool_of_freed_buffers(model_store, created_model):
+    previous = mx.set_cache_limit(1 << 30)
+    try:
+        model = load_model(model_store, created_model("llama", "int4"), "fused").model
+        logits = model(mx.array([PROMPT * 4]))  # prefill-sized: float32 transients per layer
+        mx.eval(logits)
+        del logits
+        assert mx.get_cache_memory() == 0
+    finally:
+        mx.set_cache_limit(previous)
+
+
 def test_an_untied_embedding_is_mapped_from_its_blob_and_a_tied_one_loaded(model_store,
                                                                            created_model):
     llama = load_model(model_store, created_model("llama", "int4"), "fused")
@@ -99,13 +152,35 @@ def test_an_untied_embedding_is_mapped_from_its_blob_and_a_tied_one_loaded(model
     reference = load_model(model_store, created_model("llama", "int4"), "native")
     ids = mx.array([[5, 0, 2047, 5]])
     assert mx.array_equal(embedding(ids), reference.model.model.embed_tokens(ids))
+    assert mx.array_equal(embedding(mx.array([7])), reference.model.model.embed_tokens.weight[7:8])
+    with pytest.raises(IndexError, match="out of range"):
+        embedding(mx.array([[3, 2048]]))
     qwen3 = load_model(model_store, created_model("qwen3", "int4"), "fused")
     assert qwen3.model.model.embed_tokens.weight.dtype == mx.float32  # the tied head's BLAS
 
 
-def test_auto_keeps_quantized_models_packed_and_dense_ones_float32(model_store, created_model):
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_bf16_models_keep_bf16_linears_and_decode_as_float32_does(model_store, created_model,
+                                                                   arch):
+    name = created_model(arch)
+    fused = load_model(model_store, name, "fused")
+    layer = fused.model.layers[0]
+    assert type(layer.mlp.up_proj).__name__ == "FusedDenseLinear"
+    assert layer.mlp.up_proj.weight.dtype == mx.bfloat16
+    assert layer.input_layernorm.weight.dtype == mx.float32  # activations stay float32
+    full = load_model(model_store, name, "float32")
+    kept = [m.weight.nbytes for _, m in fused.model.named_modules()
+            if type(m).__name__ == "FusedDenseLinear"]
+    assert len(kept) >= 7 * len(fused.model.layers)  # q, k, v, o, gate, up, down
+    mapped = type(fused.model.model.embed_tokens).__name__ == "MappedEmbedding"  # untied
+    embedding = full.model.model.embed_tokens.weight.nbytes if mapped else 0
+    assert fused.weights_bytes == full.weights_bytes - sum(kept) - embedding  # bf16: half each
+    assert _greedy(fused) == _greedy(full)
+
+
+def test_auto_keeps_quantized_and_bf16_models_as_stored(model_store, created_model):
     assert load_model(model_store, created_model("llama", "int4"), "auto").compute == "fused"
-    assert load_model(model_store, created_model("llama"), "auto").compute == "float32"
+    assert load_model(model_store, created_model("llama"), "auto").compute == "fused"
 
 
 def test_types_without_a_kernel_run_dense_on_the_fused_path(model_store, created_model):

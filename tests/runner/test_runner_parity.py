@@ -33,10 +33,11 @@ def _cosine_min(a: mx.array, b: mx.array) -> float:
     return cos.min().item()
 
 
+@pytest.mark.parametrize("compute", ["float32", "fused"])  # fused: bf16 weights, bf16 kernel
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_float32_logits_match_mlx_lm(model_store, created_model, make_checkpoint, arch):
-    loaded = load_model(model_store, created_model(arch), "float32")
-    assert loaded.compute == "float32"
+def test_float32_logits_match_mlx_lm(model_store, created_model, make_checkpoint, arch, compute):
+    loaded = load_model(model_store, created_model(arch), compute)
+    assert loaded.compute == compute
     tokens = mx.array([PROMPT])
     ours = loaded.model(tokens)
     reference = _reference(make_checkpoint, arch)(tokens)

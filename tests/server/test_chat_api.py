@@ -92,7 +92,7 @@ def test_ps_lists_the_loaded_model_with_its_compute_path(client, served):
     client.generate(model=served.model, prompt="hi", keep_alive="10m")
     (loaded,) = httpx.get(f"{served.url}/api/ps").json()["models"]
     assert loaded["name"] == "me/tiny:latest"
-    assert loaded["compute"] in ("float32", "native")
+    assert loaded["compute"] in ("fused", "float32", "native")
     assert loaded["context_length"] > 0 and loaded["size"] > 0
     assert loaded["expires_at"] > time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     (listed,) = client.ps().models
