@@ -35,6 +35,12 @@ class KVCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Append L new positions; return the whole history [0, offset+L)."""
+        self.append(keys, values)
+        assert self.keys is not None and self.values is not None
+        return self.keys[..., :self.offset, :], self.values[..., :self.offset, :]
+
+    def append(self, keys: mx.array, values: mx.array) -> None:
+        """Write L new positions at the offset (in place: a slice update of the buffers)."""
         length = keys.shape[2]
         if self.offset + length > self.capacity:
             self._grow(keys, values, length)
@@ -43,7 +49,13 @@ class KVCache:
         self.keys[..., self.offset:end, :] = keys
         self.values[..., self.offset:end, :] = values
         self.offset = end
-        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def reserve(self, length: int) -> None:
+        """Make room for `length` more positions now (a compiled decode graph reads the whole
+        buffer, with the slots past the offset masked, and writes the new position after)."""
+        assert self.keys is not None and self.values is not None
+        if self.offset + length > self.capacity:
+            self._grow(self.keys, self.values, length)
 
     def _grow(self, keys: mx.array, values: mx.array, length: int) -> None:
         batch, heads, _, k_dim = keys.shape
