@@ -7,7 +7,8 @@ in steps keeps decode from reallocating the whole history every token.
 
 Rewinding (speculative decoding, the prefix cache) only moves the offset: slots past it are
 overwritten by the next write. `part` hands out positions [a, b) as views of the buffer (the
-prefix cache copies out what it keeps) and `load` starts a cache from such parts.
+prefix cache copies out what it keeps apart from the live buffer) and `load` starts a cache from
+such parts. `reserve` and `append` serve a compiled decode graph that reads the whole buffer.
 
 Layers that cannot rewind keep whole states instead: `RecurrentCache` (Mamba2's conv and SSM
 state) and `SlidingWindowCache` (only the last `window` positions). A snapshot of either is valid
