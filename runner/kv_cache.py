@@ -7,7 +7,8 @@ in steps keeps decode from reallocating the whole history every token.
 
 Rewinding (speculative decoding, the prefix cache) only moves the offset: slots past it are
 overwritten by the next write. `part` hands out positions [a, b) as views of the buffer (the
-prefix cache copies out what it keeps) and `load` starts a cache from such parts.
+prefix cache copies out what it keeps apart from the live buffer) and `load` starts a cache from
+such parts. `reserve` and `append` serve a compiled decode graph that reads the whole buffer.
 
 Layers that cannot rewind keep whole states instead: `RecurrentCache` (Mamba2's conv and SSM
 state) and `SlidingWindowCache` (only the last `window` positions). A snapshot of either is valid
@@ -36,6 +37,12 @@ class KVCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Append L new positions; return the whole history [0, offset+L)."""
+        self.append(keys, values)
+        assert self.keys is not None and self.values is not None
+        return self.keys[..., :self.offset, :], self.values[..., :self.offset, :]
+
+    def append(self, keys: mx.array, values: mx.array) -> None:
+        """Write L new positions at the offset (in place: a slice update of the buffers)."""
         length = keys.shape[2]
         if self.offset + length > self.capacity:
             self._grow(keys, values, length)
@@ -44,7 +51,13 @@ class KVCache:
         self.keys[..., self.offset:end, :] = keys
         self.values[..., self.offset:end, :] = values
         self.offset = end
-        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def reserve(self, length: int) -> None:
+        """Make room for `length` more positions now (a compiled decode graph reads the whole
+        buffer, with the slots past the offset masked, and writes the new position after)."""
+        assert self.keys is not None and self.values is not None
+        if self.offset + length > self.capacity:
+            self._grow(self.keys, self.values, length)
 
     def _grow(self, keys: mx.array, values: mx.array, length: int) -> None:
         batch, heads, _, k_dim = keys.shape

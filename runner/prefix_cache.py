@@ -21,11 +21,24 @@ the KV parts are joined and the consumed arrays released), so a rewind to a merg
 resumes at the newest surviving checkpoint before it. Nodes without a checkpoint that have one
 child are merged on `close` as well: they record nothing a longer edge does not.
 
+The active path (root to the node where the last request ended) is backed by that request's KV
+caches, which `close` keeps as the live caches: its nodes hold no KV of their own, only their
+range [start, end) of the live buffers ("views"), and the live buffers are accounted once, whole
+(spare capacity included). Only when that is tight: if the buffers hold more than `view_slack`
+times what the views cover (a short conversation in a buffer grown by 256 positions), the views
+are copied at `close` and the buffers go with the request, which holds less. A view is not an
+MLX slice: a slice alive would make the next write into the buffer copy all of it (MLX writes in
+place only into an array nothing else shares), so a view is sliced only when it is materialised.
+The next request that resumes on the active path continues in the live caches: the views past
+its resume point are materialised first (copy on divergence: the request is about to overwrite
+those positions), the rest stay views. A request that resumes elsewhere materialises every view
+and the live buffers go. Eviction that would drop a view materialises the others first, so it
+frees what a node holding copies would have freed.
+
 Memory: what `nbytes` reports is what the trie holds. Every array a node keeps owns its buffer:
-an edge's KV is copied out of the live cache at `close` (which then frees with the request),
-split halves are copies, checkpoints are copies; all evaluated when taken, since a lazy copy
-keeps its source alive. Nodes refer to their parents, so a dropped subtree waits for Python's
-cycle collector; evicted leaves and merged nodes are freed at once.
+materialised views, split halves of owned nodes and checkpoints are copies, evaluated when taken
+(a lazy copy keeps its source alive). Nodes refer to their parents, so a dropped subtree waits
+for Python's cycle collector; evicted leaves and merged nodes are freed at once.
 
 Spans: ranges of prompt positions that must be evaluated in one forward (a media item's tokens
 attend to each other both ways). No prefill chunk ends inside one, a capture scheduled inside one
@@ -42,9 +55,10 @@ from typing import Any
 
 import mlx.core as mx
 
-from runner.kv_cache import Cache
+from runner.kv_cache import Cache, KVCache
 
 DEFAULT_BUDGET_BYTES = 1 << 30  # the most cache bytes kept between requests
+VIEW_SLACK = 1.25  # live buffers kept for views only while they hold at most this x the views
 Span = tuple[int, int]  # [start, end) prompt positions evaluated in one forward
 KVPart = tuple[mx.array, mx.array]
 
@@ -56,6 +70,7 @@ class Node:
     parent: Node | None = None
     children: dict[int, Node] = field(default_factory=dict)
     kv: list[KVPart] = field(default_factory=list)  # per rewindable layer, [start, end)
+    viewed: bool = False  # the KV is the live caches' [start, end) instead (`kv` is empty)
     state: list[Any] | None = None  # per whole-state layer, valid at `end`
     last_used: int = 0
 
@@ -134,6 +149,9 @@ class PrefixCache:
         self._clock = itertools.count(1)
         self._bytes = 0  # running totals: /v1/status reads them from another thread
         self._count = 0
+        self._live: list[KVCache] = []  # the rewindable caches the active path's views read
+        self._live_bytes = 0
+        self.view_slack = VIEW_SLACK
         self.events: Counter[str] = Counter()  # splits, merges, evictions: for tests and status
 
     def __len__(self) -> int:
@@ -158,7 +176,8 @@ class PrefixCache:
 
     def clear(self) -> None:
         self.root = self.frontier = Node((), 0, state=[])
-        self._bytes = self._count = 0
+        self._bytes = self._count = self._live_bytes = 0
+        self._live = []
 
     # -- begin -------------------------------------------------------------------------------
     def begin(self, prompt: list[int], make_caches: Callable[[], list[Cache]],
@@ -173,7 +192,12 @@ class PrefixCache:
         if not whole and target > 0:
             path = self._split_path(path, target)
         resume = self._resume_point(path, target, bool(whole))
-        self._load(caches, path, resume)
+        used = [n for n in path if n.end <= resume]
+        if resume > 0 and all(n.viewed for n in used) and self._adopt(caches):
+            self._continue(caches, used, resume)
+        else:
+            self._release_live()
+            self._load(caches, used)
         captures = sorted({c for c in (target, len(prompt) - 1) if c > resume})
         captures = sorted({_span_end(c, spans) for c in captures})
         return Match(resume, caches, list(prompt), spans, captures if whole else [])
@@ -217,10 +241,34 @@ class PrefixCache:
                 node.last_used = tick
         return resume
 
-    def _load(self, caches: list[Cache], path: list[Node], resume: int) -> None:
-        if resume == 0:
+    def _adopt(self, caches: list[Cache]) -> bool:
+        """Put the live caches in place of the fresh rewindable ones, if they are of one
+        kind each."""
+        fresh = [i for i, c in enumerate(caches) if c.rewindable]
+        if not self._live or len(fresh) != len(self._live) or any(
+                type(caches[i]) is not type(live)
+                for i, live in zip(fresh, self._live, strict=True)):
+            return False
+        for i, live in zip(fresh, self._live, strict=True):
+            caches[i] = live
+        return True
+
+    def _continue(self, caches: list[Cache], used: list[Node], resume: int) -> None:
+        """Go on in the live caches from `resume`: what the request will overwrite is copied
+        out first, the whole-state layers are restored from the checkpoint there."""
+        for node in self._viewed():
+            if node.end > resume:
+                self._materialise(node)
+        for live in self._live:
+            live.rewind(resume)
+        whole = [c for c in caches if not c.rewindable]
+        for i, cache in enumerate(whole):
+            cache.restore(used[-1].state[i])  # type: ignore[index,union-attr]
+        mx.eval([c.state for c in caches])
+
+    def _load(self, caches: list[Cache], used: list[Node]) -> None:
+        if not used:
             return
-        used = [n for n in path if n.end <= resume]
         kv = [c for c in caches if c.rewindable]
         for i, cache in enumerate(kv):
             cache.load([n.kv[i] for n in used])  # type: ignore[union-attr]
@@ -243,6 +291,11 @@ class PrefixCache:
             elif cache.offset != length:
                 return  # a whole-state layer ran ahead of the others: nothing is consistent
         mx.eval([c.state for c in caches])
+        live = [c for c in caches if c.rewindable]
+        if len(live) != len(self._live) or any(
+                a is not b for a, b in zip(live, self._live, strict=True)):
+            self._release_live()
+        self._live = live  # type: ignore[assignment]
         leaf = self._insert(tokens[:length], caches)
         checkpoints = dict(match.taken)
         checkpoints[length] = snapshots(caches)
@@ -250,18 +303,21 @@ class PrefixCache:
             if 0 < offset <= length:
                 self._checkpoint(tokens[:offset], state)
         self.frontier = self._node_ending(tokens[:length]) or leaf
+        self._view_path(self.frontier)
+        if self._live_bytes > self.view_slack * self._viewed_bytes():
+            self._release_live()  # copies hold less than the buffers' spare capacity would
         self._touch(self.frontier)
         self._compact(self.frontier)
         self._evict()
 
     def _insert(self, tokens: list[int], caches: list[Cache]) -> Node:
+        """The nodes for `tokens`, splitting where they diverge or end; a new leaf is a view
+        of the live caches, which hold `tokens`."""
         node, pos = self.root, 0
-        kv = [c for c in caches if c.rewindable]
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
             if child is None:
-                leaf = Node(tuple(tokens[pos:]), pos, node)
-                leaf.kv = [_copy(c.part(pos, len(tokens))) for c in kv]  # type: ignore[union-attr]
+                leaf = Node(tuple(tokens[pos:]), pos, node, viewed=True)
                 self._add(node, leaf)
                 return leaf
             shared = _common(child.tokens, tokens[pos:])
@@ -288,6 +344,50 @@ class PrefixCache:
             return path[-1]
         return None
 
+    # -- views of the live caches -------------------------------------------------------------
+    def _viewed(self) -> list[Node]:
+        return [n for n in self.nodes() if n.viewed]
+
+    def _parts(self, node: Node) -> list[KVPart]:
+        """The node's KV, sliced out of the live caches for a view (for a copy, or a load)."""
+        if not node.viewed:
+            return node.kv
+        return [c.part(node.start, node.end) for c in self._live]
+
+    def _viewed_bytes(self) -> int:
+        """What the views would hold as copies (the live buffers hold spare capacity too)."""
+        return sum(a.nbytes for n in self._viewed() for part in self._parts(n) for a in part)
+
+    def _materialise(self, node: Node) -> None:
+        """A view becomes a copy the node owns."""
+        node.kv = [_copy(p) for p in self._parts(node)]
+        node.viewed = False
+        self._bytes += node.nbytes() - _state_bytes(node.state or [])
+
+    def _view_path(self, node: Node) -> None:
+        """Every node from the root to `node` becomes a view of the live caches (which hold
+        those positions: the request that just closed computed or loaded them), its copy freed;
+        the live buffers are accounted once, as they are now."""
+        current: Node | None = node
+        while current is not None and current is not self.root:
+            if not current.viewed:
+                self._bytes -= current.nbytes() - _state_bytes(current.state or [])
+                current.kv, current.viewed = [], True
+            current = current.parent
+        held = sum(c.nbytes() for c in self._live)
+        self._bytes += held - self._live_bytes
+        self._live_bytes = held
+
+    def _release_live(self, dropping: Node | None = None) -> None:
+        """Materialise every view (but `dropping`'s, about to go) and let the live caches go."""
+        for node in self._viewed():
+            if node is dropping:
+                node.viewed = False
+            else:
+                self._materialise(node)
+        self._bytes -= self._live_bytes
+        self._live, self._live_bytes = [], 0
+
     # -- structure ---------------------------------------------------------------------------
     def _add(self, parent: Node, child: Node) -> None:
         child.parent = parent
@@ -301,11 +401,13 @@ class PrefixCache:
         cut = offset - node.start
         self.events["split"] += 1
         assert 0 < cut < len(node.tokens) and node.parent is not None
-        head = Node(node.tokens[:cut], node.start, node.parent, last_used=node.last_used)
-        parts, node.kv = node.kv, []
-        head.kv = [_copy((k[..., :cut, :], v[..., :cut, :])) for k, v in parts]
-        node.kv = [_copy((k[..., cut:, :], v[..., cut:, :])) for k, v in parts]
-        del parts  # the unsplit arrays go now; either half may be evicted alone later
+        head = Node(node.tokens[:cut], node.start, node.parent, last_used=node.last_used,
+                    viewed=node.viewed)
+        if not node.viewed:  # views are split by their ranges alone
+            parts, node.kv = node.kv, []
+            head.kv = [_copy((k[..., :cut, :], v[..., :cut, :])) for k, v in parts]
+            node.kv = [_copy((k[..., cut:, :], v[..., cut:, :])) for k, v in parts]
+            del parts  # the unsplit arrays go now; either half may be evicted alone later
         node.parent.children[head.tokens[0]] = head
         node.tokens, node.start, node.parent = node.tokens[cut:], offset, head
         head.children[node.tokens[0]] = node
@@ -318,12 +420,15 @@ class PrefixCache:
         self.events["merge"] += 1
         parent = node.parent
         assert parent is not None
+        if node.viewed != child.viewed:  # off the active path, or at its end: copies
+            self._materialise(node if node.viewed else child)
         self._bytes -= node.nbytes() + child.nbytes()
-        kv = [(mx.concatenate([a[0], b[0]], axis=2), mx.concatenate([a[1], b[1]], axis=2))
-              for a, b in zip(node.kv, child.kv, strict=True)]
-        node.kv, child.kv = [], []
-        mx.eval(kv)
-        child.kv = kv
+        if not child.viewed:  # two views join as ranges
+            kv = [(mx.concatenate([a[0], b[0]], axis=2), mx.concatenate([a[1], b[1]], axis=2))
+                  for a, b in zip(node.kv, child.kv, strict=True)]
+            node.kv, child.kv = [], []
+            mx.eval(kv)
+            child.kv = kv
         child.tokens, child.start, child.parent = node.tokens + child.tokens, node.start, parent
         child.last_used = max(child.last_used, node.last_used)
         parent.children[child.tokens[0]] = child
@@ -332,6 +437,8 @@ class PrefixCache:
 
     def _remove_leaf(self, node: Node) -> None:
         assert node.parent is not None and not node.children
+        if node.viewed:  # the live buffers go with it, what the other views cover is copied
+            self._release_live(dropping=node)
         del node.parent.children[node.tokens[0]]
         self._bytes -= node.nbytes()
         self._count -= 1

@@ -84,9 +84,9 @@ def step(x: mx.array, dt: mx.array, log_a: mx.array, b: mx.array, c: mx.array,
 
 def decode_step(heads: int, head_dim: int, groups: int, state_size: int,
                 limit: tuple[float, float], eps: float) -> Callable[..., tuple[mx.array, ...]]:
-    """The whole mixer between its two projections for one token, as one compiled graph: the
-    conv over the history, the recurrence and the gated norm fuse into a few kernels, where
-    op by op they are ~40 small dispatches per layer per token."""
+    """The whole mixer between its two projections for one token: the conv over the history,
+    the recurrence and the gated norm. Compiled (alone, or inside a model's whole decode graph)
+    they fuse into a few kernels, where op by op they are ~40 small dispatches per layer."""
     inner = heads * head_dim
 
     def run(projected: mx.array, history: mx.array, state: mx.array, conv_w: mx.array,
@@ -109,7 +109,7 @@ def decode_step(heads: int, head_dim: int, groups: int, state_size: int,
         normed = mx.fast.rms_norm(grouped, None, eps).flatten(-2)
         return norm_w * normed, padded[:, 1:], new_state
 
-    return mx.compile(run)
+    return run
 
 
 class GatedRMSNorm(nn.Module):
@@ -148,16 +148,26 @@ class Mamba2Mixer(nn.Module):
         self.D = mx.ones((heads,))
         self.norm = GatedRMSNorm(self.inner, self.inner // groups, eps)
         self.out_proj = Linear(self.inner, hidden, bias=proj_bias)
-        self._decode = decode_step(heads, head_dim, groups, state_size, time_step_limit, eps)
+        self._step = decode_step(heads, head_dim, groups, state_size, time_step_limit, eps)
+        self._compiled_step = mx.compile(self._step)
 
-    def _decode_token(self, x: mx.array, cache) -> mx.array:
+    def step(self, x: mx.array, conv: mx.array, ssm: mx.array, compiled: bool = False
+             ) -> tuple[mx.array, mx.array, mx.array]:
+        """One token [batch, 1, hidden] from the conv history and SSM state: (output, new
+        history, new state). Pure (no cache), so a model can trace it into its own decode graph;
+        `compiled` runs the part between the projections as this layer's own compiled graph."""
         conv_b = self["conv1d"].get("bias")
-        y, history, state = self._decode(
-            self.in_proj(x), cache.conv, cache.ssm, self["conv1d"]["weight"],
+        run = self._compiled_step if compiled else self._step
+        y, history, state = run(
+            self.in_proj(x), conv, ssm, self["conv1d"]["weight"],
             conv_b if conv_b is not None else mx.zeros((self.conv_dim,)), self["dt_bias"],
             -mx.exp(self["A_log"].astype(mx.float32)), self["D"], self["norm"]["weight"])
+        return self.out_proj(y), history, state
+
+    def _decode_token(self, x: mx.array, cache) -> mx.array:
+        y, history, state = self.step(x, cache.conv, cache.ssm, compiled=True)
         cache.update(history, state, 1)
-        return self.out_proj(y)
+        return y
 
     def __call__(self, x: mx.array, cache=None) -> mx.array:
         batch, length, _ = x.shape

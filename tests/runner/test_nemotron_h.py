@@ -173,3 +173,41 @@ def test_api_generate_runs_a_created_nemotron_model(tmp_path, checkpoint):
     assert again["response"] == first["response"]
     assert again["prompt_eval_count"] == first["prompt_eval_count"]  # the whole prompt
     assert again["prompt_cached_count"] > first.get("prompt_cached_count", 0)  # from the trie
+
+
+def test_decode_graph_matches_mlx_lm_token_by_token_across_a_kv_buffer_growth(store, reference):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = load_model(store, "t/nemotron", "float32").model
+    prompt = mx.array([PROMPT[:250]])
+    ours, theirs = model.make_cache(), make_prompt_cache(reference)
+    logits, expected = model(prompt, ours), reference(prompt, cache=theirs)
+    for _ in range(12):  # positions 250..261: the KV buffers grow at 256
+        token = mx.argmax(expected[:, -1:], axis=-1)
+        logits, expected = model(token, ours), reference(token, cache=theirs)
+        assert mx.abs(logits - expected).max().item() <= 1e-3
+    assert model.graph_tokens == 12  # every step took the compiled whole-model graph
+    assert ours[1].offset == 262 and ours[1].capacity == 512
+
+
+def test_decode_graph_on_a_quantized_bf16_model_is_as_close_to_float32_as_layer_by_layer(store):
+    """Native compute: int4 matmuls, bf16 activations. Both decode paths round differently, so
+    each is measured against the same weights computed in float32."""
+    from runner.models import nemotron_h
+
+    graph = load_model(store, "t/nemotron-int4", "native").model
+    layered = load_model(store, "t/nemotron-int4", "native").model
+    layered._traceable = False  # as a model with a host-computed layer decodes
+    exact = load_model(store, "t/nemotron-int4", "float32").model
+    models = (graph, layered, exact)
+    caches = [m.make_cache() for m in models]
+    tokens, errors = mx.array([PROMPT[:40]]), {"graph": 0.0, "layered": 0.0}
+    for _ in range(8):
+        a, b, c = (m(tokens, cache) for m, cache in zip(models, caches, strict=True))
+        errors["graph"] += mx.abs(a.astype(mx.float32) - c).max().item()
+        errors["layered"] += mx.abs(b.astype(mx.float32) - c).max().item()
+        tokens = mx.argmax(c[:, -1:], axis=-1)
+    assert graph.graph_tokens == 7 and layered.graph_tokens == 0
+    assert errors["graph"] <= 1.5 * errors["layered"] + 1e-3, errors
+    assert nemotron_h.traceable(graph) and not nemotron_h.traceable(
+        nemotron_h.nn.Sequential(nemotron_h.nn.Linear(2, 2)))

@@ -15,7 +15,7 @@ import pytest
 from hybrid_model import HybridModel
 
 from runner.generate import Generator
-from runner.prefix_cache import Match, PrefixCache
+from runner.prefix_cache import VIEW_SLACK, Match, PrefixCache
 
 MEDIA = 240  # token ids from here on are media placeholders
 ITEM = 5  # tokens per media item
@@ -82,8 +82,9 @@ def _item(rng: random.Random) -> list[int]:
     return [rng.randrange(MEDIA, 256)] * ITEM
 
 
-def _turn_bytes(model: HybridModel, prompt: list[int]) -> int:
+def _turn_bytes(model: HybridModel, prompt: list[int], view_slack: float = VIEW_SLACK) -> int:
     driver = Driver(model, 1 << 40)
+    driver.cache.view_slack = view_slack
     driver.request(prompt)
     return driver.cache.nbytes
 
@@ -203,11 +204,14 @@ def _next_prompt(rng: random.Random, history: list[list[int]]) -> list[int]:
     return body + _words(rng, 1)  # the last token is never media
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_random_conversations_under_tight_budgets_match_cold_runs(model, seed):
+@pytest.mark.parametrize("seed,view_slack", [(0, VIEW_SLACK), (1, VIEW_SLACK),
+                                              (2, float("inf")), (3, float("inf"))])
+def test_random_conversations_under_tight_budgets_match_cold_runs(model, seed, view_slack):
+    """`view_slack` inf: the active path is always views of the live buffers, however short."""
     rng = random.Random(seed)
-    budget = _turn_bytes(model, list(range(5, 45)))
+    budget = _turn_bytes(model, list(range(5, 45)), view_slack)
     driver = Driver(model, budget, chunk=rng.choice([4, 8, 16]))
+    driver.cache.view_slack = view_slack
     history: list[list[int]] = []
     hits = 0
     for _ in range(30):
@@ -228,7 +232,7 @@ def test_a_second_long_request_peaks_no_higher_than_the_first_plus_the_stored_by
     mx.clear_cache()
     mx.reset_peak_memory()
     base = mx.get_active_memory()
-    _, answer, _ = driver.request(first, answer=8)
+    answer = driver.request(first, answer=8)[1]  # the match is not kept: closed, it is the trie's
     first_peak = mx.get_peak_memory() - base
     stored = driver.cache.nbytes
     for second in (first + answer + _words(rng, 20), _words(rng, 1500)):
@@ -251,3 +255,27 @@ def test_the_bytes_reported_are_the_bytes_held(model):
     mx.clear_cache()
     held = mx.get_active_memory() - before
     assert driver.cache.nbytes <= held <= driver.cache.nbytes * 1.1 + (1 << 16)
+
+
+def test_the_active_path_is_views_of_the_live_buffers_and_a_divergence_copies_the_tail(model):
+    rng = random.Random(7)
+    driver = Driver(model, 1 << 40, chunk=64)
+    cache = driver.cache
+    prompt = _words(rng, 480)  # the live buffers (512 positions) are tight: no copies
+    answer, first = driver.check(prompt)
+    live = [c for c in first.caches if c.rewindable]
+    turn = prompt + answer + _words(rng, 5)
+    answer2, second = driver.check(turn)
+    assert all(a is b for a, b in zip(live, (c for c in second.caches if c.rewindable),  # same
+                                      strict=True))
+    path = [n for n in cache.nodes() if n.viewed]
+    assert path and all(n.kv == [] for n in path)
+    assert max(n.end for n in path) == len(turn) + len(answer2) - 1
+    states = sum(n.nbytes() for n in cache.nodes())  # views hold only their checkpoints
+    assert cache.nbytes == states + sum(c.nbytes() for c in live)  # the buffers, once
+    edit = prompt[:200] + _words(rng, 4)  # diverges inside the first turn's edge
+    driver.check(edit)
+    tail = [n for n in cache.nodes() if n.start >= 200 and not n.viewed]
+    assert tail and all(n.kv for n in tail)  # the old path past the edit: copied out
+    _, match = driver.check(turn)  # back to the second turn: a hit, logits as cold
+    assert match.length > 200
