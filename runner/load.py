@@ -290,7 +290,7 @@ def _stored_dtype(weights: dict[str, mx.array], model: nn.Module) -> mx.Dtype | 
     if not isinstance(embedding, MappedEmbedding):
         stored = weights.get(EMBEDDING + ".scales", weights.get(EMBEDDING + ".weight"))
         dtype = stored.dtype if stored is not None else None
-    return dtype if dtype in (mx.bfloat16, mx.float16) else None
+    return dtype if dtype is not None and dtype in (mx.bfloat16, mx.float16) else None
 
 
 def _dense_candidate(key: str) -> bool:

@@ -81,6 +81,20 @@ def test_greedy_tokens_identical_to_mlx_lm(store, reference):
     assert generator.tokens == expected
 
 
+@pytest.mark.parametrize("name", ["t/nemotron", "t/nemotron-int4"])
+def test_auto_compute_loads_and_decodes_as_float32_does(store, name):
+    """What a runner loads by default: the fused path (bf16 kernel, int4 kernel) for this
+    bf16 checkpoint, with greedy tokens identical to the float32 path's."""
+    fused = load_model(store, name, "auto")
+    assert fused.compute == "fused"
+    options = Options(temperature=0, num_predict=16)
+    generator = _generator(fused, chunk=64)
+    list(generator.generate(PROMPT[:100], options))
+    reference = _generator(load_model(store, name, "float32"), chunk=64)
+    list(reference.generate(PROMPT[:100], options))
+    assert generator.tokens == reference.tokens
+
+
 def test_biases_and_older_config_names_match_mlx_lm(tmp_path, make_checkpoint):
     biased = write_nemotron_checkpoint(tmp_path / "biased", make_checkpoint(), seed=5,
                                        mamba_proj_bias=True, attention_bias=True, mlp_bias=True,
