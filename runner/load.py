@@ -395,7 +395,12 @@ def assign_weights(name: str, model: nn.Module, weights: dict[str, mx.array],
                    qtypes: dict[str, QuantType], compute: str) -> nn.Module:
     """Swap in quantized layers, load `weights` strictly, and evaluate them."""
     if getattr(model, "args", None) is not None and model.args.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)
+        # a tied model has no head of its own: drop one a checkpoint carries anyway (at the
+        # top, or under a wrapper such as gemma3's `language_model.`), quantized or not
+        heads = {k.rsplit(".", 1)[0] for k in weights if k.rsplit(".", 2)[-2:-1] == ["lm_head"]}
+        for key in [k for k in weights if k.rsplit(".", 1)[0] in heads]:
+            del weights[key]
+        qtypes = {k: v for k, v in qtypes.items() if k not in heads}
         embedding = weights.get(EMBEDDING + ".weight")
         if compute == "fused" and embedding is not None and embedding.dtype != mx.uint32:
             # The tied head multiplies by the embedding every token: BLAS needs float32.
