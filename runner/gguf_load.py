@@ -103,8 +103,25 @@ class GGUFFile:
         return sum(math.prod(t.shape) * 4 for t in self.tensors.values())
 
     def field(self, key: str) -> Any:
-        """A metadata value by key (tokenizer arrays included), or None."""
+        """A metadata value by key (tokenizer arrays included, until `drop_arrays`), or None."""
         return self.header.kv.get(key)
+
+    def drop_arrays(self) -> None:
+        """Forget the long metadata arrays (the tokenizer's tokens, merges, scores and types:
+        ~6 MB of Python objects for a 32k vocabulary) once the tokenizer files are built; the
+        weights are loaded after, so they would otherwise be held through the load's peak."""
+        self.header.kv = {k: v for k, v in self.header.kv.items() if not isinstance(v, list)}
+
+    def compute_dtype(self) -> mx.Dtype | None:
+        """The half type the file computes in on the native path: bfloat16 for a BF16 file,
+        float16 for F16 and every block type (their scales are float16); None for an all-F32
+        file. Its F32 tensors (norms, biases) are cast to it: left in float32 they would promote
+        every activation, and the KV cache, to float32 (twice the memory, the file's precision
+        no better for it)."""
+        kinds = {int(t.tensor_type) for t in self.tensors.values()}
+        if int(T.BF16) in kinds:
+            return mx.bfloat16
+        return mx.float16 if kinds - {int(T.F32)} else None
 
 
 def open_gguf(path: Path) -> GGUFFile:
@@ -181,6 +198,7 @@ def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
     """Every tensor under its module name; quant types by module path (as load.py expects)."""
     overrides = getattr(module, "GGUF_BLOCK_NAMES", {})
     expected = _expected_shapes(module, args)
+    dense_dtype = file.compute_dtype() if compute == "native" else None
     weights: dict[str, mx.array] = {}
     qtypes: dict[str, QuantType] = {}
     for tensor in file.tensors.values():
@@ -194,7 +212,7 @@ def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
         if want is not None and want != shape:
             raise GGUFLoadError(f"GGUF tensor {tensor.name} has shape {list(shape)} but the "
                                 f"metadata implies {list(want)}")
-        parts, qtype = convert_tensor(tensor, shape, compute)
+        parts, qtype = convert_tensor(tensor, shape, compute, dense_dtype)
         mx.eval(*parts.values())
         mx.clear_cache()
         module_name = name.rsplit(".", 1)[0]
@@ -216,17 +234,23 @@ def _expected_shapes(module: ModuleType, args: Any) -> dict[str, tuple[int, ...]
         raise GGUFLoadError(f"GGUF metadata does not describe a model: {exc}") from exc
 
 
-def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str
+def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str,
+                   dense_dtype: mx.Dtype | None = None
                    ) -> tuple[dict[str, mx.array], QuantType | None]:
     """One tensor as MLX arrays: {"weight"} dense, or {"weight", "scales", "biases"} with its
-    quant type. With compute "float32", everything is dequantized to float32."""
+    quant type. With compute "float32", everything is dequantized to float32; otherwise an F32
+    tensor becomes `dense_dtype` where one is given (GGUFFile.compute_dtype)."""
     if int(tensor.tensor_type) not in _KNOWN:
         raise GGUFLoadError(f"GGUF tensor {tensor.name} has unknown type {tensor.tensor_type}")
     kind = T(int(tensor.tensor_type))
     data = _checked_data(tensor, shape)
     if kind in _FLOATS or kind == T.BF16:
         dense = _dense(data, kind, shape)
-        return {"weight": dense.astype(mx.float32) if compute == "float32" else dense}, None
+        if compute == "float32":
+            dense = dense.astype(mx.float32)
+        elif kind == T.F32 and dense_dtype is not None:
+            dense = dense.astype(dense_dtype)
+        return {"weight": dense}, None
     if kind in _REPACKED:
         parts = _in_slabs(data, shape, _REPACKED[kind])
         qtype = QuantType(kind.name.lower(), 8 if kind == T.Q8_0 else 4, QK, "affine")

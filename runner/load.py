@@ -139,6 +139,7 @@ def _gguf_files(store: Store, name: str, digest: Digest, files: dict[str, bytes]
         config = gguf_config(kv, gguf, module)
         config["eos_token_id"] = eos_ids(gguf) or config.get("eos_token_id")
         files = {**tokenizer_files(gguf), **files}
+        gguf.drop_arrays()
     except (GGUFLoadError, FerryError) as exc:
         raise LoadError(f"model {name}: {exc}") from exc
     return ModelFiles(config, files, text.get(mt.TEMPLATE, text.get(mt.PROMPT)),
