@@ -21,8 +21,10 @@ from mlx_lm.generate import generate_step
 
 from registry.names import Name
 from runner.generate import Generator
+from runner.kernels import qmatvec
 from runner.load import load_model
 from runner.nn.attention import attend
+from runner.quant import parse_quant_type
 from runner.sample import Options
 from runner.tokenizer import ModelTokenizer
 from workflows.create import CreateOptions, create
@@ -162,3 +164,23 @@ def test_multimodal_span_path_is_capped_too(model_store, checkpoints):
     assert mx.abs(plain - spanned).max().item() <= 1e-5
     loaded.model.layers[0].self_attn.softcap = None
     assert mx.abs(loaded.model(tokens, spans=[(4, 5)]) - plain).max().item() > 1e-3
+
+
+def test_fused_path_caps_as_the_float32_path_does(model_store, checkpoints):
+    """int8 on the fused kernel's path: the same greedy tokens as int8 dequantized to float32
+    (only the linear layers differ between the two; attention and its cap are shared)."""
+    assert qmatvec.available(), "the fused kernel needs a C compiler"
+    name = "test/gemma3-softcap-int8"
+    create(Name.parse(name), checkpoints["capped"],
+           CreateOptions(quantize=parse_quant_type("int8")), model_store, lambda event: None,
+           threading.Event())
+    texts = []
+    for compute in ("fused", "float32"):
+        loaded = load_model(model_store, name, compute)
+        assert loaded.model.layers[0].self_attn.softcap == CAPS["attn_logit_softcapping"]
+        tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
+        tokenizer.eos_ids.clear()
+        texts.append("".join(str(p) for p in Generator(
+            loaded.model, tokenizer, loaded.context_length).generate(
+                PROMPT, Options(temperature=0, num_predict=16)) if isinstance(p, str)))
+    assert texts[0] == texts[1]
