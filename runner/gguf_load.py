@@ -10,8 +10,11 @@ the end of the load, doubling the peak); the configuration comes from the per-bl
 Tensors are renamed from llama.cpp's names (`blk.N.attn_q.weight`) to the architecture module's
 (`model.layers.N.self_attn.q_proj.weight`); a module undoes llama.cpp's conventions for its family
 in an optional `from_gguf(weights, args)` (llama's Q/K row permutation, gemma's `1 + w` norms).
-F32/F16/BF16 load as they are. Q4_0, Q4_1, Q8_0 and Q4_K are affine per 32 values already, so
-their blocks are repacked into MLX affine triples (group size 32) exactly, with no float copy.
+F32/F16/BF16 load as they are, except that on the native path the F32 ones (norms, biases) take
+the file's half type (`GGUFFile.compute_dtype`), so activations and the KV cache stay 2 bytes a
+value as the file's own precision implies. Q4_0, Q4_1, Q8_0 and Q4_K are affine per 32 values
+already, so their blocks are repacked into MLX affine triples (group size 32) exactly, with no
+float copy.
 Q5_0/Q5_1/Q5_K, Q6_K, Q3_K and Q2_K are dequantized one tensor at a time and requantized to an
 MLX affine width whose step is no coarser than the source's (6, 8, 4 and 4 bits: a Q3_K or Q2_K
 sub-block of 16 spans at most the range of its group of 32), so no value moves by more than the
