@@ -102,9 +102,14 @@ def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_m
 
 @pytest.mark.parametrize("qtype,half", [("Q8_0", mx.float16), ("Q4_0", mx.float16),
                                         ("F16", mx.float16), ("BF16", mx.bfloat16)])
-def test_native_path_computes_in_the_files_half_type(model_store, gguf_model, qtype, half):
+def test_native_path_computes_in_the_files_half_type(model_store, gguf_model, qtype, half,
+                                                     monkeypatch):
     """GGUF stores norms as F32; kept so they would promote every activation and the KV cache
-    to float32 (twice the memory). An all-F32 file stays float32 (above)."""
+    to float32 (twice the memory). An all-F32 file stays float32 (above). On a CPU they are kept
+    (half activations are slow there); the GPU's choice is forced here."""
+    on_cpu = load_model(model_store, gguf_model("llama", qtype), "native")
+    assert on_cpu.model.layers[0].input_layernorm.weight.dtype == mx.float32
+    monkeypatch.setattr(gguf_load, "half_activations", lambda: True)
     loaded = load_model(model_store, gguf_model("llama", qtype), "native")
     layer = loaded.model.layers[0]
     assert layer.input_layernorm.weight.dtype == half
