@@ -10,9 +10,12 @@ exporting it to GGUF the way llama.cpp's converter does (tests/runner/gguf_expor
 "Q4_K_M"-like, Q6_K for ffn_down and output) and creating from that file. A real `ferry runner`
 process loads it and streams one raw completion (prefill and decode tok/s from the runner's own
 durations). Load time is from spawning the runner to its first "ready" status (Python start-up
-and imports included, the same for every row); peak RSS is the process's ru_maxrss. The target
-for GGUF rows: peak RSS <= 1.3x (file size + KV cache at the context the request uses), net
-of the runner's own footprint: the peak RSS of the same runner serving the tiny fixture model
+and imports included, the same for every row). Peak RSS is the runner's VmHWM after the request
+(bench/runner.py's `vm_hwm`: the process's own high-water mark, prefill and decode included);
+"load RSS" is its VmHWM at "ready", the load's own peak. The target for GGUF rows: peak RSS <=
+1.3x (file size + KV cache at the context the request uses: its prompt and generated tokens,
+rounded up to the cache's 256-token steps, 2 bytes a value as the runner stores it), net of
+the runner's own footprint: the peak RSS of the same runner serving the tiny fixture model
 (~1M parameters) the same way, shown as the "base" row.
 FERRY_COMPUTE defaults to native here: "auto" picks float32 on a CPU when it fits, which is
 faster but holds 4 bytes per weight, so it is not what this memory target is about. MLX's
@@ -42,14 +45,17 @@ _spec.loader.exec_module(bench)  # bench/runner.py (its name would shadow the ru
 GGUF_KINDS = ("Q8_0", "Q4_0", "Q4_K")
 RSS_TARGET = 1.3
 _ready_seconds: list[float] = []
+_ready_peaks: list[int] = []  # the runner's VmHWM once ready: the load's own peak
 _wait_ready = bench._wait_ready
 
 
 def _timed_wait_ready(url: str, process: subprocess.Popen) -> dict:
-    """bench/runner.py's readiness poll, timed (it starts right after the spawn)."""
+    """bench/runner.py's readiness poll, timed (it starts right after the spawn), and the
+    runner's peak RSS at that point."""
     started = time.perf_counter()
     status = _wait_ready(url, process)
     _ready_seconds.append(time.perf_counter() - started)
+    _ready_peaks.append(bench.vm_hwm(process.pid))
     return status
 
 
@@ -80,7 +86,8 @@ def gguf_model(workdir: Path, ckpt: Path, preset: str, kind: str) -> tuple[str, 
 
 
 def kv_cache_bytes(ckpt: Path, tokens: int, dtype_bytes: int = 2) -> int:
-    """The runner's KV cache for `tokens` positions (it grows in 256-token steps)."""
+    """The runner's KV cache for `tokens` positions (it grows in 256-token steps), float16 or
+    bfloat16 as the GGUF and the bf16 fixture both compute."""
     config = json.loads((ckpt / "config.json").read_text())
     capacity = -(-tokens // 256) * 256
     return (2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"]
@@ -98,14 +105,14 @@ def run_row(workdir: Path, ckpt: Path, preset: str, kind: str, args: argparse.Na
         name, size = bench.ferry_model(workdir, ckpt, preset, kind), 0
     prompt = bench.prompt_text(ckpt, args.prompt_tokens)
     result = bench.run_ferry(workdir, name, prompt, args.gen_tokens, args.compute)
-    result.update(kind=kind, file=size, load=_ready_seconds[-1],
+    result.update(kind=kind, file=size, load=_ready_seconds[-1], load_rss=_ready_peaks[-1],
                   kv=kv_cache_bytes(ckpt, result["prompt_tokens"] + result["gen_tokens"]))
     return result
 
 
 def print_table(rows: list[tuple[str, dict]]) -> None:
-    head = (f"{'model':<14}{'compute':<18}{'file':>9}{'load s':>8}{'prefill t/s':>13}"
-            f"{'decode t/s':>12}{'peak RSS':>11}{'net/(file+KV)':>15}")
+    head = (f"{'model':<14}{'compute':<18}{'file':>9}{'KV':>7}{'load s':>8}{'prefill t/s':>13}"
+            f"{'decode t/s':>12}{'load RSS':>10}{'peak RSS':>10}{'net/(file+KV)':>15}")
     print("\n" + head + "\n" + "-" * len(head))
     base = next((r["rss"] for _, r in rows if r["kind"] == "base"), 0)
     for preset, r in rows:
@@ -113,9 +120,10 @@ def print_table(rows: list[tuple[str, dict]]) -> None:
         ratio = (f"{net / budget:.2f}x" + (" ok" if net <= RSS_TARGET * budget
                                            else f" >{RSS_TARGET}x")) if r["file"] else "-"
         file = f"{r['file'] / 2**20:.0f}Mi" if r["file"] else "-"
-        print(f"{preset + ' ' + r['kind']:<14}{r['compute']:<18}{file:>9}{r['load']:>8.1f}"
-              f"{r['prefill']:>13.1f}"
-              f"{r['decode']:>12.2f}{r['rss'] / 2**20:>9.0f}Mi{ratio:>15}")
+        print(f"{preset + ' ' + r['kind']:<14}{r['compute']:<18}{file:>9}"
+              f"{r['kv'] / 2**20:>5.1f}Mi{r['load']:>8.1f}{r['prefill']:>13.1f}"
+              f"{r['decode']:>12.2f}{r['load_rss'] / 2**20:>8.0f}Mi{r['rss'] / 2**20:>8.0f}Mi"
+              f"{ratio:>15}")
 
 
 def main() -> None:

@@ -27,6 +27,8 @@ weights fit the memory budget, else native.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import sys
 import time
@@ -144,10 +146,20 @@ def _gguf_files(store: Store, name: str, digest: Digest, files: dict[str, bytes]
         config = gguf_config(kv, gguf, module)
         config["eos_token_id"] = eos_ids(gguf) or config.get("eos_token_id")
         files = {**tokenizer_files(gguf), **files}
+        gguf.drop_arrays()
+        trim_heap()  # the tokenizer build's freed buffers, before the weights arrive
     except (GGUFLoadError, FerryError) as exc:
         raise LoadError(f"model {name}: {exc}") from exc
     return ModelFiles(config, files, text.get(mt.TEMPLATE, text.get(mt.PROMPT)),
                       text.get(mt.SYSTEM), params, [], gguf=gguf)
+
+
+def trim_heap() -> None:
+    """Hand the C heap's freed pages back to the OS (glibc's malloc_trim; elsewhere nothing):
+    building a tokenizer frees tens of MB of parse buffers that glibc would otherwise keep,
+    resident, under the weights loaded next."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _config_blob(store: Store, digest: Digest | None) -> ModelConfig:
@@ -391,6 +403,7 @@ def load_model(store: Store, name: str, compute: str = "auto",
         draft = load_weights(store, f"{name} (draft)", files.draft_config, files.draft_blobs,
                              path, files.draft_prefix, lambda done: step(offset + done))
     release()
+    trim_heap()
     nbytes = sum(parameter_bytes(m) for m in (model, draft) if m is not None)
     return LoadedModel(model, files, path, nbytes, time.perf_counter() - started, draft)
 
@@ -467,7 +480,12 @@ def assign_weights(name: str, model: nn.Module, weights: dict[str, mx.array],
                    qtypes: dict[str, QuantType], compute: str) -> nn.Module:
     """Swap in quantized layers, load `weights` strictly, and evaluate them."""
     if getattr(model, "args", None) is not None and model.args.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)
+        # a tied model has no head of its own: drop one a checkpoint carries anyway (at the
+        # top, or under a wrapper such as gemma3's `language_model.`), quantized or not
+        heads = {k.rsplit(".", 1)[0] for k in weights if k.rsplit(".", 2)[-2:-1] == ["lm_head"]}
+        for key in [k for k in weights if k.rsplit(".", 1)[0] in heads]:
+            del weights[key]
+        qtypes = {k: v for k, v in qtypes.items() if k not in heads}
         embedding = weights.get(EMBEDDING + ".weight")
         if compute == "fused" and embedding is not None and embedding.dtype != mx.uint32:
             # The tied head multiplies by the embedding every token: BLAS needs float32.

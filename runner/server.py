@@ -39,7 +39,7 @@ from runner.constrain import FormatError, GrammarCompiler, TokenConstraint
 from runner.embed import Embedder, EmbedError, build_embedder, embedding_dimensions
 from runner.generate import ContextError, Done, Generator, fit_prompt
 from runner.go_template import GoTemplate, TemplateError
-from runner.load import LoadedModel, load_model
+from runner.load import LoadedModel, load_model, trim_heap
 from runner.logprobs import MAX_TOP, Logprob
 from runner.media.assemble import ImageRequest, assemble, bind, is_vision_model, key_images
 from runner.media.decode import MediaError
@@ -109,6 +109,7 @@ def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) 
     try:
         loaded = load_model(store, state.name, state.compute_setting, progress, state.release)
         tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config, loaded.files.template)
+        trim_heap()  # its JSON parse buffers
     except Exception as exc:  # any load failure ends the process with its reason
         state.error = f"error loading model {state.name}: {exc}"
         on_fail(state.error)

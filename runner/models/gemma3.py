@@ -21,13 +21,18 @@ import mlx.nn as nn
 from runner.kv_cache import KVCache
 from runner.media.prompt import IMAGE_KEY_BASE
 from runner.models import gemma3_text as text
-from runner.nn.attention import span_mask
+from runner.nn.attention import attend, span_mask
 from runner.nn.linear import Linear
 from runner.readback import flags, token_ids
 
 ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
 VISION_ARCHITECTURES = ARCHITECTURES
 Span = tuple[int, int]
+# transformers >= 4.52's Gemma3ForConditionalGeneration names -> the model's (the older names)
+_NEWER_LAYOUT = (("model.language_model.", "language_model.model."),
+                 ("model.vision_tower.", "vision_tower."),
+                 ("model.multi_modal_projector.", "multi_modal_projector."),
+                 ("lm_head.", "language_model.lm_head."))
 
 
 @dataclass
@@ -253,8 +258,7 @@ class Model(nn.Module):
         h = decoder.norm(h)
         lm = self.language_model
         logits = lm.lm_head(h) if "lm_head" in lm else decoder.embed_tokens.as_linear(h)
-        cap = self.args.text.final_logit_softcapping
-        return mx.tanh(logits / cap) * cap if cap else logits
+        return text.softcap(logits, self.args.text.final_logit_softcapping)
 
 
 def _span_layer(layer: text.DecoderLayer, x: mx.array, cache: KVCache | None,
@@ -280,24 +284,40 @@ def _span_attention(attn: Any, x: mx.array, cache: KVCache | None,
         k, v = fetched[0], fetched[1]
     first_key = offset + length - k.shape[2]  # a windowed cache may hold only the last keys
     mask = span_mask(length, k.shape[2], offset, first_key, spans, attn.window)
-    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask=mask)
+    out = attend(q, k, v, attn.scale, mask, attn.softcap)
     return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
 
 
+def tensor_name(name: str) -> str:
+    """The model's name for a checkpoint tensor (or module path). Checkpoints saved by
+    transformers before 4.52 use the model's own names; newer ones nest every part under
+    `model.` and keep the head at the top (`model.language_model.layers.0...`,
+    `model.vision_tower...`, `lm_head.weight`)."""
+    for new, old in _NEWER_LAYOUT:
+        if name == new.rstrip("."):  # a module path (`lm_head`)
+            return old.rstrip(".")
+        if name.startswith(new):
+            return old + name[len(new):]
+    return name
+
+
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """PyTorch's conv weight (out, in, kh, kw) -> MLX's (out, kh, kw, in); drop rotary caches."""
+    """Either layout's names as the model's (`tensor_name`); PyTorch's conv weight
+    (out, in, kh, kw) -> MLX's (out, kh, kw, in); drop rotary caches."""
     out = {}
     for key, value in weights.items():
         if "rotary_emb.inv_freq" in key:
             continue
         if key.endswith("patch_embedding.weight") and value.ndim == 4 and value.shape[1] <= 4:
             value = value.transpose(0, 2, 3, 1)
-        out[key] = value
+        out[tensor_name(key)] = value
     return out
 
 
 def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    """The text model's tensors, the vision tower's and the projector's (PyTorch layout)."""
+    """The text model's tensors, the vision tower's and the projector's (PyTorch layout), under
+    the model's names; create matches a checkpoint's names to these through `tensor_name`, so
+    either transformers layout validates."""
     v = args.vision
     d, inter = v.hidden_size, v.intermediate_size
     top = "vision_tower.vision_model"

@@ -4,7 +4,10 @@ it `language_model.model.*`; runner/models/gemma3.py serves that architecture, v
 all, around this file's model): local and global attention
 layers (`sliding_window_pattern`, or `layer_types`), the local ones windowed with their own RoPE
 base; per-head query/key norms; `(1 + w)` RMSNorms before and after both attention and MLP;
-embeddings scaled by sqrt(hidden); GELU-gated MLP; tied output head, soft-capped where configured.
+embeddings scaled by sqrt(hidden); GELU-gated MLP; tied output head. Soft-capping where
+configured, as Gemma 2 defines it: `attn_logit_softcapping` squashes each attention score to
+`tanh(s / cap) * cap` before the mask and softmax (runner/nn/attention.py's `attend`), and
+`final_logit_softcapping` the logits the same way (`softcap`).
 Self-contained, after mlx-lm's gemma3_text.py. GGUF files (`general.architecture = gemma3`) store
 the norms as `1 + w`, which `from_gguf` undoes.
 """
@@ -74,10 +77,6 @@ class ModelArgs:
         """Where the checkpoint keeps the decoder: `model`, or `language_model.model`."""
         return "language_model.model" if self.multimodal else "model"
 
-    def __post_init__(self) -> None:
-        if self.attn_logit_softcapping:
-            raise ValueError("attn_logit_softcapping is not supported by ferry's gemma3")
-
     def is_sliding(self, layer: int) -> bool:
         if self.layer_types:
             return self.layer_types[layer] == "sliding_attention"
@@ -115,7 +114,7 @@ class DecoderLayer(nn.Module):
             args.head_dim, args.rope_local_base_freq if sliding else args.rope_theta,
             None if sliding else args.rope_scaling, scale=args.query_pre_attn_scalar ** -0.5,
             window=args.sliding_window if sliding else None, qk_norm_eps=args.rms_norm_eps,
-            qk_norm=RMSNorm)
+            qk_norm=RMSNorm, softcap=args.attn_logit_softcapping)
         self.mlp = MLP(args.hidden_size, args.intermediate_size)
         norm = args.hidden_size, args.rms_norm_eps
         self.input_layernorm = RMSNorm(*norm)
@@ -178,8 +177,7 @@ class Model(nn.Module):
             h = self.model(inputs, cache)
             logits = (self.lm_head(h) if "lm_head" in self
                       else self.model.embed_tokens.as_linear(h))
-        cap = self.args.final_logit_softcapping
-        return mx.tanh(logits / cap) * cap if cap else logits
+        return softcap(logits, self.args.final_logit_softcapping)
 
     def make_cache(self) -> list[Cache]:
         """Local layers keep only their window; global layers the whole history."""
@@ -191,6 +189,11 @@ class Model(nn.Module):
     def layers(self) -> list[DecoderLayer]:
         decoder = self.language_model.model if "language_model" in self else self.model
         return decoder.layers
+
+
+def softcap(logits: mx.array, cap: float | None) -> mx.array:
+    """`final_logit_softcapping`: the logits squashed into (-cap, cap); unchanged without one."""
+    return mx.tanh(logits / cap) * cap if cap else logits
 
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -7,6 +7,11 @@ Gemma 3's local layers) each query sees only the last `window` positions, itself
 and V are never repeated in memory, and its "causal" mask is aligned to the end of the history,
 which is what a cached prefill needs. A `SlidingWindowCache` keeps only the window and returns
 the position of its first key, from which `window_mask` places the chunk's mask.
+
+With `softcap` (Gemma 2/3's `attn_logit_softcapping`) the scores are squashed to
+`tanh(s / cap) * cap` before the mask and softmax, which the fused kernel cannot do, so `attend`
+computes those layers' attention from its equations (mlx-lm's gemma2.py), K and V still shared
+across each query group rather than repeated.
 """
 
 from __future__ import annotations
@@ -62,19 +67,40 @@ def span_mask(queries: int, keys: int, first_query: int, first_key: int,
     return ok
 
 
+def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | str | None,
+           softcap: float | None = None) -> mx.array:
+    """Attention of q (B, H, L, D) over k, v (B, H_kv, K, D); `mask` is None, "causal" (aligned
+    to the end of the keys) or a boolean (L, K) array. Soft-capped when `softcap` is set."""
+    if not softcap:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    batch, heads, length, dim = q.shape
+    kv_heads, keys = k.shape[1], k.shape[2]
+    q = (q * scale).reshape(batch, kv_heads, heads // kv_heads, length, dim)
+    scores = q @ mx.expand_dims(k, 2).swapaxes(-1, -2)  # (B, H_kv, groups, L, K)
+    scores = mx.tanh(scores / softcap) * softcap
+    if isinstance(mask, str):  # "causal": query i is position keys - length + i
+        mask = mx.arange(keys)[None] <= mx.arange(keys - length, keys)[:, None]
+    if mask is not None:
+        scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
+    weights = mx.softmax(scores, axis=-1, precise=True)
+    return (weights @ mx.expand_dims(v, 2)).reshape(batch, heads, length, dim)
+
+
 class Attention(nn.Module):
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  rope_theta: float, rope_scaling: dict[str, Any] | None = None,
                  bias: bool = False, qk_norm_eps: float | None = None,
                  o_bias: bool | None = None, scale: float | None = None,
                  window: int | None = None,
-                 qk_norm: Callable[[int, float], nn.Module] = RMSNorm) -> None:
+                 qk_norm: Callable[[int, float], nn.Module] = RMSNorm,
+                 softcap: float | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale if scale is not None else head_dim ** -0.5
         self.window = window
+        self.softcap = softcap
         self.q_proj = Linear(hidden_size, num_heads * head_dim, bias=bias)
         self.k_proj = Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.v_proj = Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
@@ -106,5 +132,5 @@ class Attention(nn.Module):
             if cache is not None:
                 k, v = cache.update_and_fetch(k, v)  # type: ignore[union-attr]
             mask = attention_mask(offset, length, self.window)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        out = attend(q, k, v, self.scale, mask, self.softcap)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))

@@ -22,6 +22,7 @@ from registry.names import Name
 from runner import gguf_load
 from runner.generate import Generator
 from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
+from runner.kv_cache import KVCache
 from runner.load import LoadError, load_model
 from runner.sample import Options
 from runner.tokenizer import ModelTokenizer
@@ -97,6 +98,29 @@ def test_quantized_gguf_logits_close_to_float(model_store, created_model, gguf_m
     loaded = load_model(model_store, gguf_model("llama", qtype), compute)
     tokens = mx.array([PROMPT])
     assert _cosine_min(loaded.model(tokens), reference.model(tokens)) >= threshold
+
+
+@pytest.mark.parametrize("qtype,half", [("Q8_0", mx.float16), ("Q4_0", mx.float16),
+                                        ("F16", mx.float16), ("BF16", mx.bfloat16)])
+def test_native_path_computes_in_the_files_half_type(model_store, gguf_model, qtype, half,
+                                                     monkeypatch):
+    """GGUF stores norms as F32; kept so they would promote every activation and the KV cache
+    to float32 (twice the memory). An all-F32 file stays float32 (above). On a CPU they are kept
+    (half activations are slow there); the GPU's choice is forced here."""
+    on_cpu = load_model(model_store, gguf_model("llama", qtype), "native")
+    assert on_cpu.model.layers[0].input_layernorm.weight.dtype == mx.float32
+    monkeypatch.setattr(gguf_load, "half_activations", lambda: True)
+    loaded = load_model(model_store, gguf_model("llama", qtype), "native")
+    layer = loaded.model.layers[0]
+    assert layer.input_layernorm.weight.dtype == half
+    assert loaded.model.model.norm.weight.dtype == half
+    cache = [KVCache() for _ in loaded.model.layers]
+    logits = loaded.model(mx.array([PROMPT]), cache)
+    assert logits.dtype == half
+    assert cache[0].state[0].dtype == half
+    float32 = load_model(model_store, gguf_model("llama", qtype), "float32")
+    threshold = 0.99 if qtype != "Q4_0" else 0.98
+    assert _cosine_min(logits, float32.model(mx.array([PROMPT]))) >= threshold
 
 
 @pytest.mark.parametrize("arch,qtype,compute", [

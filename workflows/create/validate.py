@@ -16,7 +16,7 @@ from typing import Any
 from runner.models import module_for_architecture, supported_architectures
 from runner.quant import QuantType, UnknownQuantType, parse_quant_type
 from workflows.create.errors import CreateError
-from workflows.create.inventory import CONFIG_FILE, FLOAT_DTYPES, Inventory
+from workflows.create.inventory import CONFIG_FILE, FLOAT_DTYPES, Inventory, TensorInfo
 
 _LAYER_RE = re.compile(r"^(?:language_model\.)?model\.layers\.(\d+)\.")
 # ModelArgs sizes that must be positive integers when present (every architecture's names).
@@ -44,8 +44,9 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
     if not inv.architecture:
         raise CreateError("architectures[0] is missing", config_name)
     module, args = model_args(inv.config, config_name)
+    tensors = _model_names(inv, module)
     for name, shape in _shapes(module, args, config_name).items():
-        info = inv.tensors.get(name)
+        info = tensors.get(name)
         if info is None:
             raise CreateError(f"tensor {name!r} is missing from the safetensors files")
         if info.shape != shape:
@@ -56,8 +57,17 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
                               "checkpoints can be imported", info.file.name)
     layers = getattr(args, "num_hidden_layers", None)
     if layers is not None:  # encoders such as Nomic BERT count theirs otherwise
-        _check_layer_indices(inv, layers)
+        _check_layer_indices(tensors, layers)
     return model_type_of(module)
+
+
+def _model_names(inv: Inventory, module: ModuleType) -> dict[str, TensorInfo]:
+    """The inventory's tensors by checkpoint name and, where the architecture renames them at
+    load (`tensor_name`, e.g. gemma3's newer transformers layout), by the model's name too."""
+    rename = getattr(module, "tensor_name", None)
+    if rename is None:
+        return inv.tensors
+    return {**inv.tensors, **{rename(name): info for name, info in inv.tensors.items()}}
 
 
 def model_type_of(module: ModuleType) -> str:
@@ -72,8 +82,8 @@ def _module(arch: str, where: str) -> ModuleType:
     return module
 
 
-def _check_layer_indices(inv: Inventory, layers: int) -> None:
-    for name, info in inv.tensors.items():
+def _check_layer_indices(tensors: dict[str, TensorInfo], layers: int) -> None:
+    for name, info in tensors.items():
         match = _LAYER_RE.match(name)
         if match and int(match.group(1)) >= layers:
             raise CreateError(f"tensor {name!r} is beyond num_hidden_layers={layers}",
