@@ -178,7 +178,9 @@ async def test_an_upstream_without_range_support_is_fetched_in_one_stream(lying)
         assert got.status_code == 200 and got.content == LARGE[::-1]
         again = await http.get(url)  # from the cache (or the fetch, if still committing)
         assert again.status_code == 200 and again.content == LARGE[::-1]
-    assert upstream.hits["honest"] == 1 and upstream.ranges[0].startswith("bytes=0-")
+    # fetched once; the second request, if its cache check ran just before the commit, only
+    # asks (HEAD) whether the upstream serves the digest here
+    assert upstream.methods.count("GET") == 1 and upstream.ranges[0].startswith("bytes=0-")
     assert (root / "blobs" / "sha256" / upstream.digests["honest"].hex[:2]).is_dir()
 
 
