@@ -19,11 +19,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from runner.kv_cache import KVCache
-from runner.media.prompt import IMAGE_KEY_BASE
+from runner.media.scatter import embed_with_images
 from runner.models import gemma3_text as text
 from runner.nn.attention import attend, span_mask
 from runner.nn.linear import Linear
-from runner.readback import flags, token_ids
 
 ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
 VISION_ARCHITECTURES = ARCHITECTURES
@@ -219,33 +218,16 @@ class Model(nn.Module):
         return self.multi_modal_projector(self.vision_tower(pixels))
 
     def embed(self, inputs: mx.array, features: mx.array | None = None) -> mx.array:
-        """Scaled token embeddings, the image tokens' replaced by `features` in order."""
+        """Scaled token embeddings, the image tokens' replaced by `features` in order (or, for
+        image keys, by their bound rows)."""
         decoder = self.language_model.model
-        keyed = inputs >= IMAGE_KEY_BASE
-        if features is None and bool(keyed.any()):
-            return self._embed_keyed(inputs, keyed)
-        h = decoder.embed_tokens(inputs)
-        h = h * mx.array(decoder.embed_scale, h.dtype)
-        if features is None:
-            return h
-        where = (inputs == self.args.image_token_index).reshape(-1)
-        positions = mx.array([i for i, hit in enumerate(flags(where)) if hit], mx.int32)
-        flat = features.reshape(-1, h.shape[-1]).astype(h.dtype)
-        if positions.size != flat.shape[0]:
-            raise ValueError(f"{positions.size} image tokens for {flat.shape[0]} image features")
-        rows = h.reshape(-1, h.shape[-1])
-        rows[positions] = flat
-        return rows.reshape(h.shape)
 
-    def _embed_keyed(self, inputs: mx.array, keyed: mx.array) -> mx.array:
-        """Embeddings where image keys take their bound feature rows."""
-        keys = token_ids(inputs.reshape(-1))
-        missing = [k for k in keys if k >= IMAGE_KEY_BASE and k not in self._bound]
-        if missing:
-            raise ValueError(f"no image features bound for {len(missing)} image tokens")
-        plain = mx.where(keyed, self.args.image_token_index, inputs)
-        rows = [self._bound[k] for k in keys if k >= IMAGE_KEY_BASE]
-        return self.embed(plain, mx.stack(rows)[None])
+        def scaled(ids: mx.array) -> mx.array:
+            h = decoder.embed_tokens(ids)
+            return h * mx.array(decoder.embed_scale, h.dtype)
+
+        return embed_with_images(inputs, scaled, self.args.image_token_index, features,
+                                 self._bound)
 
     def __call__(self, inputs: mx.array, cache: list[KVCache] | None = None,
                  spans: Sequence[Span] = (), features: mx.array | None = None) -> mx.array:

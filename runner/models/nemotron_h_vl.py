@@ -24,13 +24,12 @@ from PIL import Image
 
 from runner.kv_cache import KVCache, RecurrentCache
 from runner.media.placeholders import token_id
-from runner.media.prompt import IMAGE_KEY_BASE
+from runner.media.scatter import embed_with_images
 from runner.media.tiling import TilingConfig, tiles
 from runner.models import _radio as radio
 from runner.models import nemotron_h as text
 from runner.nn.linear import Linear
 from runner.nn.norm import RMSNorm
-from runner.readback import flags, token_ids
 
 ARCHITECTURES = ("NemotronH_Nano_VL_V2",)
 VISION_ARCHITECTURES = ARCHITECTURES
@@ -174,29 +173,8 @@ class Model(nn.Module):
     def embed(self, inputs: mx.array, features: mx.array | None = None) -> mx.array:
         """Token embeddings, the image tokens' replaced by `features` in order (or, for image
         keys, by their bound rows)."""
-        keyed = inputs >= IMAGE_KEY_BASE
-        if features is None and bool(keyed.any()):
-            return self._embed_keyed(inputs, keyed)
-        h = self.language_model.backbone.embeddings(inputs)
-        if features is None:
-            return h
-        where = (inputs == self.args.img_context_token_id).reshape(-1)
-        positions = mx.array([i for i, hit in enumerate(flags(where)) if hit], mx.int32)
-        flat = features.reshape(-1, h.shape[-1]).astype(h.dtype)
-        if positions.size != flat.shape[0]:
-            raise ValueError(f"{positions.size} image tokens for {flat.shape[0]} image features")
-        rows = h.reshape(-1, h.shape[-1])
-        rows[positions] = flat
-        return rows.reshape(h.shape)
-
-    def _embed_keyed(self, inputs: mx.array, keyed: mx.array) -> mx.array:
-        keys = token_ids(inputs.reshape(-1))
-        missing = [k for k in keys if k >= IMAGE_KEY_BASE and k not in self._bound]
-        if missing:
-            raise ValueError(f"no image features bound for {len(missing)} image tokens")
-        plain = mx.where(keyed, self.args.img_context_token_id, inputs)
-        rows = [self._bound[k] for k in keys if k >= IMAGE_KEY_BASE]
-        return self.embed(plain, mx.stack(rows)[None])
+        return embed_with_images(inputs, self.language_model.backbone.embeddings,
+                                 self.args.img_context_token_id, features, self._bound)
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None,
                  spans: Sequence[tuple[int, int]] = (),
