@@ -34,7 +34,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-_MAX_DEPTH = 64  # nested control structures and parentheses; templates are server-side text
+# A template may come with a request (/api/generate's `template`), so rendering is bounded:
+_MAX_DEPTH = 64  # nested control structures and parentheses
+MAX_OUTPUT = 16 * 1024 * 1024  # characters a render (or one string it builds) may reach
+MAX_STEPS = 1_000_000  # nodes a render may execute (a `range 1000000000` with no output)
 
 
 class TemplateError(ValueError):
@@ -549,7 +552,8 @@ def _printf(form: str, *args: Any) -> str:
             return ("%" + spec + kind) % value
         return ("%" + spec + "s") % _print(value)
 
-    return re.sub(r"%([-+ #0]*\d*(?:\.\d+)?)([vsdqtxXobeEfFgG%])", verb, form)
+    # widths and precisions of at most 3 digits: a longer one is left as text, not honoured
+    return re.sub(r"%([-+ #0]*\d{0,3}(?:\.\d{1,3})?)([vsdqtxXobeEfFgG%])", verb, form)
 
 
 def _print_args(*args: Any) -> str:
@@ -604,6 +608,19 @@ class _State:
         self.stop_at_response = stop_at_response
         self.scopes: list[dict[str, Any]] = [{"$": root}]
         self.out: list[str] = []
+        self.size = 0
+        self.steps = 0
+
+    def write(self, text: str) -> None:
+        self.size += len(text)
+        if self.size > MAX_OUTPUT:
+            raise TemplateError(f"the template renders more than {MAX_OUTPUT} characters")
+        self.out.append(text)
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise TemplateError(f"the template runs more than {MAX_STEPS} steps")
 
     def variable(self, name: str) -> Any:
         for scope in reversed(self.scopes):
@@ -624,13 +641,14 @@ class _State:
 
 def _run(nodes: list[Node], dot: Any, state: _State) -> None:
     for node in nodes:
+        state.step()
         if node.kind == "text":
-            state.out.append(node.text)
+            state.write(node.text)
         elif node.kind == "action":
             assert node.pipe is not None
             value = _pipe_value(node.pipe, dot, state)
             if not node.pipe.declare:
-                state.out.append(_print(value))
+                state.write(_print(value))
         elif node.kind in ("if", "with"):
             assert node.pipe is not None
             state.scopes.append({})  # a variable declared in the condition lives in the block
@@ -677,6 +695,7 @@ def _range(node: Node, dot: Any, state: _State) -> None:
     names = node.pipe.declare
     ran = False
     for key, item in items:
+        state.step()
         ran = True
         bound = {names[-1]: item} if len(names) == 1 else (
             {names[0]: key, names[1]: item} if len(names) == 2 else {})
@@ -722,9 +741,12 @@ def _command(command: list[Operand], dot: Any, state: _State, piped: Any) -> Any
         if piped is not _NO_VALUE:
             values.append(piped)
         try:
-            return FUNCTIONS[name](*values)
+            result = FUNCTIONS[name](*values)
         except TypeError as exc:
             raise TemplateError(f"template function {name}: {exc}") from exc
+        if isinstance(result, str) and len(result) > MAX_OUTPUT:  # `$s = print $s $s` doubling
+            raise TemplateError(f"the template builds a string over {MAX_OUTPUT} characters")
+        return result
     if len(command) > 1 or piped is not _NO_VALUE:
         raise TemplateError("template method calls and piping into a value are not supported")
     return _operand_value(head, dot, state)

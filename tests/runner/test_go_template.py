@@ -174,3 +174,20 @@ def test_nesting_is_bounded():
 def test_go_json_escapes_as_go_does():
     assert go_json({"a": "<&>\u2028", "b": [1, "é"]}) == (
         '{"a":"\\u003c\\u0026\\u003e\\u2028","b":[1,"é"]}')
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("{{ range 100000000 }}{{ end }}", "steps"),
+    ('{{ $s := "ab" }}{{ range 40 }}{{ $s = print $s $s }}{{ end }}', "string over"),
+    ("{{ range 3000000 }}xxxxxxxxxx{{ end }}", "renders more than|steps"),
+])
+def test_a_request_template_cannot_run_away(source, message):
+    # /api/generate takes a template with the request: rendering is bounded in time and size
+    with pytest.raises(TemplateError, match=message):
+        GoTemplate(source + "{{ range .Messages }}{{ end }}").render(
+            [{"role": "user", "content": "x"}])
+
+
+def test_printf_widths_past_three_digits_stay_text():
+    template = GoTemplate('{{ printf "%5d|%99999999d" 7 }}{{ range .Messages }}{{ end }}')
+    assert template.render([{"role": "user", "content": "x"}]) == "    7|%99999999d"
