@@ -169,8 +169,26 @@ class Mamba2Mixer(nn.Module):
         cache.update(history, state, 1)
         return y
 
+    def _stepwise(self, x: mx.array, cache) -> mx.array:
+        """A few tokens one at a time, as decode runs them, every intermediate state handed to
+        the cache (`keep_steps`: a speculative verify pass, which may be partly taken back)."""
+        batch = x.shape[0]
+        conv, ssm = cache.conv, cache.ssm
+        if conv is None or ssm is None:
+            conv = mx.zeros((batch, self.conv1d.kernel - 1, self.conv_dim), x.dtype)
+            ssm = mx.zeros((batch, self.heads, self.head_dim, self.state_size), mx.float32)
+        states, outputs = [(conv, ssm)], []
+        for t in range(x.shape[1]):
+            y, conv, ssm = self.step(x[:, t:t + 1], conv, ssm, compiled=True)
+            outputs.append(y)
+            states.append((conv, ssm))
+        cache.record(states)
+        return mx.concatenate(outputs, axis=1)
+
     def __call__(self, x: mx.array, cache=None) -> mx.array:
         batch, length, _ = x.shape
+        if cache is not None and getattr(cache, "keep_steps", False):
+            return self._stepwise(x, cache)
         if length == 1 and cache is not None and cache.ssm is not None:
             return self._decode_token(x, cache)
         gate, conv_in, dt = mx.split(self.in_proj(x), [self.inner, self.inner + self.conv_dim],

@@ -175,7 +175,7 @@ def test_rejection_sampling_emits_the_targets_distribution():
     p = mx.array([0.5, 0.3, 0.15, 0.05])
     q = mx.array([0.1, 0.2, 0.3, 0.4])
     options = Options(temperature=1.0, top_k=0, top_p=1.0, seed=3)
-    speculator = Speculator(None, None, [], [], options)  # models unused by the acceptance step
+    speculator = Speculator(None, None, [], options)  # models unused by the acceptance step
     logits = mx.stack([mx.log(p), mx.log(p)])
     key, trials = mx.random.key(5), 3000
     drafts = mx.random.categorical(mx.log(q), shape=(trials,), key=key).tolist()
