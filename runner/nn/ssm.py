@@ -164,10 +164,11 @@ class Mamba2Mixer(nn.Module):
         """One token's part between the projections (conv, recurrence, gated norm)."""
         conv_b = self["conv1d"].get("bias")
         run = self._compiled_step if compiled else self._step
-        return run(projected, conv, ssm, self["conv1d"]["weight"],
-                   conv_b if conv_b is not None else mx.zeros((self.conv_dim,)),
-                   self["dt_bias"], -mx.exp(self["A_log"].astype(mx.float32)), self["D"],
-                   self["norm"]["weight"])
+        y, history, state = run(
+            projected, conv, ssm, self["conv1d"]["weight"],
+            conv_b if conv_b is not None else mx.zeros((self.conv_dim,)), self["dt_bias"],
+            -mx.exp(self["A_log"].astype(mx.float32)), self["D"], self["norm"]["weight"])
+        return y, history, state
 
     def _decode_token(self, x: mx.array, cache) -> mx.array:
         y, history, state = self.step(x, cache.conv, cache.ssm, compiled=True)
