@@ -20,8 +20,8 @@ Nemotron-H VL rows: tests/runner/nemotron_vl_fixture.py's checkpoint with a larg
 (--nemotron-layers x 384 wide, patch 16, 256-pixel tiles: 64 image tokens per tile after the
 pixel shuffle) and its tiny Nemotron-H language model. Preprocessing is decode + InternVL tiling
 (+ thumbnail) + normalise, for a 256x256 (one tile) and a 640x480 PNG (12 tiles + thumbnail);
-the tower + projector runs over all
-of an image's tiles; the first token is the prompt with the 640x480 image's tokens. With
+the tower + projector runs over all of an image's tiles; the first token is the prompt with the
+640x480 image's tokens. With
 `--mlx-vlm DIR` its `nemotron_h_nano_omni` model runs the same tiles (extract_feature) and the
 same prompt (as bench/vision_parity_nemotron_mlx_vlm.py drives it).
 
