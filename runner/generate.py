@@ -138,8 +138,10 @@ class Generator:
         # Speculation takes back the rejected part of each verify pass: every target cache
         # must allow that (KV caches rewind, recurrent ones pick a recorded state; a sliding
         # window cannot), otherwise the draft is loaded but not used.
+        # A draft model rewinds its own caches after each round: they must all be KV caches.
         self.drafting = (draft is not None or self.head is not None) and all(
-            c.undoes_verify for c in new_caches(model))
+            c.undoes_verify for c in new_caches(model)) and (
+            draft is None or all(c.rewindable for c in new_caches(draft)))
         self._emission: Emission | None = None
         self._shift_to: tuple[int, int] | None = None  # (tokens to generate, num_ctx)
         self.shifted = False  # whether the current (or last) request shifted its context

@@ -136,7 +136,11 @@ class ModelDrafter:
         """Nothing: the draft cache lags and catches up at the next proposal."""
 
     def finish(self, context: list[int]) -> None:
-        """Nothing: the draft cache may lag (the prefix cache keeps the common offset)."""
+        """Feed what the draft lacks (lazily): the prefix cache keeps the offset all layers
+        share, and a recurrent target layer's state is only valid at its own."""
+        missing = context[self.caches[0].offset:len(context) - 1]
+        if missing:
+            self.model(mx.array(missing, dtype=mx.uint32)[None], self.caches)
 
 
 class Speculator:

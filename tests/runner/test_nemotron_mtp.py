@@ -19,7 +19,6 @@ import pytest
 from conftest import serve_app
 from nemotron_fixture import write_nemotron_checkpoint
 from nemotron_vl_fixture import write_nemotron_vl_checkpoint
-from safetensors.numpy import load_file  # float32 files (the VL fixture)
 
 from registry.names import Name
 from registry.safetensors_header import read_header
@@ -29,7 +28,6 @@ from runner.kv_cache import RecurrentCache
 from runner.load import load_model
 from runner.media.assemble import assemble, bind, key_images
 from runner.media.prompt import MARKER, ImageSlots
-from runner.models import nemotron_h_vl
 from runner.mtp_draft import MTPDrafter, feed
 from runner.nn.ssm import Mamba2Mixer
 from runner.quant import parse_quant_type
@@ -275,27 +273,36 @@ def test_the_runner_reports_the_heads_proposals(store):
 # ---- the VL model: an image in the prompt ----
 
 def test_vl_with_an_image_and_the_head_equals_plain_decode(tmp_path, make_checkpoint):
+    """Created (the head under `language_model.mtp.`, its experts stacked), loaded as the
+    runner loads it; a prompt with an image decodes as plain decode does."""
     import io
 
+    from nemotron_vl_fixture import VL_CONFIG
     from PIL import Image
 
+    from registry.manifests import ModelConfig
+
+    llm = {**VL_CONFIG["llm_config"], "tie_word_embeddings": True}
     path = write_nemotron_vl_checkpoint(tmp_path / "vl", Path(make_checkpoint("llama")),
-                                        mtp="echo", embed_scale=4.0)
-    config = json.loads((path / "config.json").read_text())
-    config["llm_config"]["tie_word_embeddings"] = True
-    model = nemotron_h_vl.Model(nemotron_h_vl.ModelArgs.from_dict(config))
-    weights = {k: mx.array(v) for k, v in load_file(str(path / "model.safetensors")).items()
-               if k != "language_model.lm_head.weight"}
-    model.load_weights(list(nemotron_h_vl.sanitize(weights).items()), strict=True)
+                                        mtp="echo", embed_scale=4.0, llm_config=llm)
+    store = Store(tmp_path / "store")
+    create(Name.parse("t/vl-mtp"), path, CreateOptions(), store, lambda event: None,
+           threading.Event())
+    manifest = store.get_model(Name.parse("t/vl-mtp")).manifest()
+    assert manifest.config is not None
+    config = ModelConfig.from_json(store.read_blob(manifest.config.digest))
+    assert "vision" in (config.capabilities or []) and config.draft is None
+    loaded = load_model(store, "t/vl-mtp", "float32")
+    model = loaded.model
     assert model.draft_head() is not None
-    files = {p.name: p.read_bytes() for p in path.iterdir() if p.suffix == ".json"}
     pixels = np.random.default_rng(0).integers(0, 256, (24, 40, 3), dtype=np.uint8)
     png = io.BytesIO()
     Image.fromarray(pixels).save(png, format="PNG")
-    request = assemble(model, files, [0, 7, MARKER, *PROMPT[:20]], [png.getvalue()])
+    request = assemble(model, loaded.files.files, [0, 7, MARKER, *PROMPT[:20]],
+                       [png.getvalue()])
     key_images(request, request.tokens, ImageSlots(), lambda: None)
     bind(model, request)
-    tokenizer = ModelTokenizer(files, config)
+    tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
     tokenizer.eos_ids.clear()
     options = Options(temperature=0, num_predict=60)
     runs = []
@@ -323,3 +330,27 @@ def test_drafter_offsets_pair_hidden_t_with_token_t_plus_1(store):
     hidden = mx.zeros((1, 4, loaded.model.args.hidden_size))
     drafter.commit(len(PROMPT) - 1, 3, 2, hidden)
     assert head[0].offset == len(PROMPT) - 1 and drafter.pending[0].shape[1] == 3
+
+
+def test_a_hybrid_target_with_a_separate_draft_model_decodes_as_plain(tmp_path, checkpoints,
+                                                                     make_checkpoint):
+    """A (llama) draft model beside a Nemotron-H target, whose Mamba layers take back each
+    verify pass: the target's greedy output, and the trie keeps the turn (the draft catches up
+    at the end). A hybrid draft (its own recurrent layers cannot rewind) is not used."""
+    store = Store(tmp_path / "store")
+    for name, draft in (("t/llama-draft", Path(make_checkpoint("llama"))),
+                        ("t/hybrid-draft", checkpoints["random"])):
+        create(Name.parse(name), checkpoints["echo"], CreateOptions(draft_dir=draft), store,
+               lambda event: None, threading.Event())
+    loaded, tokenizer = _load(store, "t/llama-draft")
+    assert loaded.draft is not None and loaded.model.draft_head() is not None
+    options = Options(temperature=0, num_predict=40)
+    plain, _ = _generate(loaded, tokenizer, options, drafting=False)
+    spec, done = _generate(loaded, tokenizer, options, draft=loaded.draft)
+    assert spec.tokens == plain.tokens
+    assert done.draft is not None and done.draft.accepted < done.draft.proposed
+    *_, again = spec.generate(PROMPT + spec.tokens + [5, 6], options)
+    assert again.prompt_cached == len(PROMPT) + 39
+    loaded, tokenizer = _load(store, "t/hybrid-draft")
+    assert not Generator(loaded.model, tokenizer, loaded.context_length,
+                         draft=loaded.draft).drafting
