@@ -143,6 +143,7 @@ class Generator:
             c.undoes_verify for c in new_caches(model)) and (
             draft is None or all(c.rewindable for c in new_caches(draft)))
         self._emission: Emission | None = None
+        self._tap: Callable[[mx.array], None] | None = None  # hidden states' sink (MTP head)
         self._shift_to: tuple[int, int] | None = None  # (tokens to generate, num_ctx)
         self.shifted = False  # whether the current (or last) request shifted its context
 
@@ -198,6 +199,14 @@ class Generator:
             return target + self.head.make_cache()
         return target + new_caches(self.draft)
 
+    def _target(self, inputs: mx.array, cache: list[Cache]) -> mx.array:
+        """The target's logits; its hidden states go to `_tap` when one is set."""
+        if self._tap is None:
+            return self.model(inputs, cache)
+        logits, hidden = self.model.forward_hidden(inputs, cache)  # type: ignore[operator]
+        self._tap(hidden)
+        return logits  # type: ignore[no-any-return]
+
     def _drafter(self, caches: list[Cache]) -> Drafter:
         if self.head is not None:
             return MTPDrafter(self.model, self.head, caches)  # type: ignore[arg-type]
@@ -240,10 +249,19 @@ class Generator:
         target, draft = match.caches[:self.target_layers], match.caches[self.target_layers:]
         sampler = Sampler(options)
         speculator = None
+        # a request that does not speculate still keeps the MTP head's cache level with the
+        # target's (the prefix cache keeps only what every layer holds): its hidden states are
+        # collected and fed to the head once, at the end
+        self._tap = None
+        speculates = draft and constraint is None and not sampler.uses_history and sink is None
+        tap = MTPDrafter(self.model, self.head, draft) if (  # type: ignore[arg-type]
+            draft and self.head is not None and not speculates) else None
+        if tap is not None:
+            self._tap = tap.plain
         if constraint is not None:
             rounds = self._constrained_rounds(prompt, target, sampler, budget, cancelled,
                                               constraint, sink)
-        elif draft and not sampler.uses_history and sink is None:
+        elif speculates:
             # the draft steps aside when logprobs are asked for
             speculator = Speculator(self.model, self._drafter(draft), target, options,
                                     self.depth_control)
@@ -258,6 +276,9 @@ class Generator:
         yield from emission.run(rounds)
         if speculator is not None:
             speculator.finish()
+        if tap is not None:
+            self._tap = None
+            tap.finish(prompt + emission.read)
         # after a shift the match's caches still hold the prompt and the answer up to the
         # shift (later tokens went to fresh caches): close keeps what they computed
         self.prefix_cache.close(prompt + emission.read, match)
@@ -277,7 +298,7 @@ class Generator:
 
         def step(tokens: mx.array) -> mx.array:
             nonlocal history
-            logits = self.model(tokens[None], cache)[0, -1]
+            logits = self._target(tokens[None], cache)[0, -1]
             token = sampler(logits, history).astype(mx.uint32)
             if history is not None:
                 history = mx.concatenate([history, token[None]])[-window:]
@@ -321,6 +342,7 @@ class Generator:
             if left <= 0 or cancelled():
                 return
             sequence = shifted(sequence, num_keep)
+            self._tap = None  # the MTP head keeps the match's caches, which end here
             cache = new_caches(self.model)
             self.prefill(Match(0, cache, sequence), cancelled)  # fresh, outside the trie
             self.shifted = True
@@ -337,7 +359,7 @@ class Generator:
         history = mx.array(prompt[-window:], dtype=mx.uint32) if sampler.uses_history else None
 
         def forward(token: mx.array) -> mx.array:
-            logits = self.model(token.reshape(1, 1), cache)[0, -1]
+            logits = self._target(token.reshape(1, 1), cache)[0, -1]
             mx.async_eval(logits)
             return logits
 

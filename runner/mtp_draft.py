@@ -57,10 +57,13 @@ class MTPDrafter:
         if not self.pending:
             return None
         hidden = self.pending[0] if len(self.pending) == 1 else mx.concatenate(self.pending, 1)
-        start, count = self.offset, hidden.shape[1]
+        start = self.offset
+        tokens = context[start + 1:start + 1 + hidden.shape[1]]
         self.pending = []
-        out = feed(self.target, self.head, context[start + 1:start + 1 + count], hidden,
-                   self.caches)
+        if not tokens:
+            return None
+        # a request that ended at EOS may have run the target one position past its tokens
+        out = feed(self.target, self.head, tokens, hidden[:, :len(tokens)], self.caches)
         return out[:, -1:]
 
     def propose(self, context: list[int], depth: int, pick: Pick

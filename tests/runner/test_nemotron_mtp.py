@@ -354,3 +354,20 @@ def test_a_hybrid_target_with_a_separate_draft_model_decodes_as_plain(tmp_path, 
     loaded, tokenizer = _load(store, "t/hybrid-draft")
     assert not Generator(loaded.model, tokenizer, loaded.context_length,
                          draft=loaded.draft).drafting
+
+
+@pytest.mark.parametrize("ask", ["logprobs", "repeat_penalty"])
+def test_a_request_that_does_not_speculate_keeps_the_head_level_for_the_trie(store, ask):
+    """Logprobs or a repeat penalty turn drafting off for the request; the head's cache still
+    ends where the target's does, so the next turn resumes from the trie."""
+    loaded, tokenizer = _load(store, "t/echo")
+    generator = Generator(loaded.model, tokenizer, loaded.context_length)
+    options = Options(temperature=0, num_predict=16,
+                      repeat_penalty=1.3 if ask == "repeat_penalty" else 1.0)
+    kwargs: dict = {"logprobs": 1} if ask == "logprobs" else {}
+    *_, done = generator.generate(PROMPT, options, **kwargs)
+    assert done.draft is None
+    answer = generator.tokens
+    *_, again = generator.generate(PROMPT + answer + [5, 6], Options(temperature=0,
+                                                                     num_predict=8))
+    assert again.prompt_cached == len(PROMPT) + len(answer) - 1
