@@ -12,8 +12,9 @@ injected so that tests can record the calls.
 
 Across requests the caches are kept in a `PrefixCache`: a prompt that starts with tokens
 computed before (a chat's next turn) reuses them and only the rest is evaluated, which is what
-`prompt_eval_count` then counts. With a draft model, decode runs in speculative rounds
-(runner/speculative.py) unless the repeat penalty is on (it depends on each emitted token).
+`prompt_eval_count` then counts. With a draft model, or a model's own MTP head
+(runner/mtp_draft.py), decode runs in speculative rounds (runner/speculative.py) unless the
+repeat penalty is on (it depends on each emitted token).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ import mlx.nn as nn
 from runner.constrain import TokenConstraint
 from runner.kv_cache import Cache, new_caches
 from runner.logprobs import Logprob, LogprobSink
+from runner.mtp_draft import MTPDrafter, feed
 from runner.prefix_cache import Match, PrefixCache, Span
 from runner.readback import token_id
 from runner.sample import Options, Sampler
-from runner.speculative import DepthControl, DraftStats, Speculator
+from runner.speculative import DepthControl, Drafter, DraftStats, ModelDrafter, Speculator
 from runner.tokenizer import ModelTokenizer
 
 PREFILL_CHUNK = 2048
@@ -130,10 +132,18 @@ class Generator:
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.depth_control = DepthControl()  # learned across requests, as in Ollama
         self.target_layers = len(new_caches(model))
-        # A draft needs a target whose caches all rewind (speculation discards rejected
-        # proposals); otherwise it is loaded but not used.
-        self.drafting = draft is not None and all(c.rewindable for c in new_caches(model))
+        # without a draft model, the model's own MTP head (Nemotron-H) drafts, if it has one
+        head = getattr(model, "draft_head", None)
+        self.head = head() if draft is None and head is not None else None
+        # Speculation takes back the rejected part of each verify pass: every target cache
+        # must allow that (KV caches rewind, recurrent ones pick a recorded state; a sliding
+        # window cannot), otherwise the draft is loaded but not used.
+        # A draft model rewinds its own caches after each round: they must all be KV caches.
+        self.drafting = (draft is not None or self.head is not None) and all(
+            c.undoes_verify for c in new_caches(model)) and (
+            draft is None or all(c.rewindable for c in new_caches(draft)))
         self._emission: Emission | None = None
+        self._tap: Callable[[mx.array], None] | None = None  # hidden states' sink (MTP head)
         self._shift_to: tuple[int, int] | None = None  # (tokens to generate, num_ctx)
         self.shifted = False  # whether the current (or last) request shifted its context
 
@@ -181,26 +191,49 @@ class Generator:
             self.release()
 
     def make_caches(self) -> list[Cache]:
-        """The target's caches, then the draft's when the draft is used."""
+        """The target's caches, then the draft's (or the MTP head's) when one is used."""
         target = new_caches(self.model)
-        return target + (new_caches(self.draft) if self.drafting and self.draft else [])
+        if not self.drafting:
+            return target
+        if self.head is not None:
+            return target + self.head.make_cache()
+        return target + new_caches(self.draft)
+
+    def _target(self, inputs: mx.array, cache: list[Cache]) -> mx.array:
+        """The target's logits; its hidden states go to `_tap` when one is set."""
+        if self._tap is None:
+            return self.model(inputs, cache)
+        logits, hidden = self.model.forward_hidden(inputs, cache)  # type: ignore[operator]
+        self._tap(hidden)
+        return logits  # type: ignore[no-any-return]
+
+    def _drafter(self, caches: list[Cache]) -> Drafter:
+        if self.head is not None:
+            return MTPDrafter(self.model, self.head, caches)  # type: ignore[arg-type]
+        assert self.draft is not None
+        return ModelDrafter(self.draft, caches)  # type: ignore[arg-type]
 
     def prefill(self, match: Match, cancelled: Callable[[], bool] = lambda: False) -> None:
         """Evaluate the prompt but its last token into `match.caches` (target and draft), in
         chunks that stop at the prefix cache's captures and never split a span."""
-        models = [(self.model, match.caches[:self.target_layers])]
-        if len(match.caches) > self.target_layers and self.draft is not None:
-            models.append((self.draft, match.caches[self.target_layers:]))
+        target, draft = match.caches[:self.target_layers], match.caches[self.target_layers:]
         for start, stop in match.chunks(len(match.prompt) - 1, self.prefill_chunk):
             if cancelled():
                 return
             chunk = mx.array(match.prompt[start:stop])[None]
             inside = [(a - start, b - start) for a, b in match.spans if start <= a and b <= stop]
-            for model, caches in models:
-                if inside:
-                    model(chunk, caches, spans=inside)
-                else:
-                    model(chunk, caches)  # logits unused: only the cache is evaluated
+            kwargs = {"spans": inside} if inside else {}
+            # logits unused: only the caches are evaluated
+            if draft and self.head is not None:
+                # the head pairs the hidden state at t with token t+1 (in the prompt: stop is
+                # at most its last index)
+                _, hidden = self.model.forward_hidden(chunk, target, **kwargs)  # type: ignore[operator]
+                feed(self.model, self.head, match.prompt[start + 1:stop + 1], hidden,
+                     draft)  # type: ignore[arg-type]
+            else:
+                self.model(chunk, target, **kwargs)
+                if draft and self.draft is not None:
+                    self.draft(chunk, draft, **kwargs)
             mx.eval([c.state for c in match.caches])
             match.capture(stop)
             self.release()
@@ -216,13 +249,22 @@ class Generator:
         target, draft = match.caches[:self.target_layers], match.caches[self.target_layers:]
         sampler = Sampler(options)
         speculator = None
+        # a request that does not speculate still keeps the MTP head's cache level with the
+        # target's (the prefix cache keeps only what every layer holds): its hidden states are
+        # collected and fed to the head once, at the end
+        self._tap = None
+        speculates = draft and constraint is None and not sampler.uses_history and sink is None
+        tap = MTPDrafter(self.model, self.head, draft) if (  # type: ignore[arg-type]
+            draft and self.head is not None and not speculates) else None
+        if tap is not None:
+            self._tap = tap.plain
         if constraint is not None:
             rounds = self._constrained_rounds(prompt, target, sampler, budget, cancelled,
                                               constraint, sink)
-        elif draft and self.draft is not None and not sampler.uses_history and sink is None:
+        elif speculates:
             # the draft steps aside when logprobs are asked for
-            speculator = Speculator(self.model, self.draft, target, draft,  # type: ignore[arg-type]
-                                    options, self.depth_control)
+            speculator = Speculator(self.model, self._drafter(draft), target, options,
+                                    self.depth_control)
             rounds = speculator.rounds(prompt, budget, cancelled)
         else:
             rounds = self._plain_rounds(prompt, target, sampler, budget, cancelled, sink)
@@ -232,6 +274,11 @@ class Generator:
         emission = self._emission = Emission(self.tokenizer, options,
                                              ReleasePolicy(self.release), sink)
         yield from emission.run(rounds)
+        if speculator is not None:
+            speculator.finish()
+        if tap is not None:
+            self._tap = None
+            tap.finish(prompt + emission.read)
         # after a shift the match's caches still hold the prompt and the answer up to the
         # shift (later tokens went to fresh caches): close keeps what they computed
         self.prefix_cache.close(prompt + emission.read, match)
@@ -251,7 +298,7 @@ class Generator:
 
         def step(tokens: mx.array) -> mx.array:
             nonlocal history
-            logits = self.model(tokens[None], cache)[0, -1]
+            logits = self._target(tokens[None], cache)[0, -1]
             token = sampler(logits, history).astype(mx.uint32)
             if history is not None:
                 history = mx.concatenate([history, token[None]])[-window:]
@@ -295,6 +342,7 @@ class Generator:
             if left <= 0 or cancelled():
                 return
             sequence = shifted(sequence, num_keep)
+            self._tap = None  # the MTP head keeps the match's caches, which end here
             cache = new_caches(self.model)
             self.prefill(Match(0, cache, sequence), cancelled)  # fresh, outside the trie
             self.shifted = True
@@ -311,7 +359,7 @@ class Generator:
         history = mx.array(prompt[-window:], dtype=mx.uint32) if sampler.uses_history else None
 
         def forward(token: mx.array) -> mx.array:
-            logits = self.model(token.reshape(1, 1), cache)[0, -1]
+            logits = self._target(token.reshape(1, 1), cache)[0, -1]
             mx.async_eval(logits)
             return logits
 

@@ -24,6 +24,7 @@ STEP = 256
 
 class KVCache:
     rewindable = True
+    undoes_verify = True  # speculation can take back a verify pass (runner/speculative.py)
 
     def __init__(self, dtype: mx.Dtype | None = None) -> None:
         self.keys: mx.array | None = None
@@ -102,18 +103,44 @@ class RecurrentCache:
     """A recurrent layer's whole state (Mamba2: conv history and SSM state) after `offset`
     tokens. It cannot be rewound into the past, only replaced: a snapshot is the pair of arrays
     as they are (the layer swaps in new arrays each call, never writes into old ones, so a
-    snapshot costs no copy)."""
+    snapshot costs no copy).
+
+    Speculative decoding must take back the rejected part of a verify pass: with `keep_steps`
+    on, the layer runs a multi-token call one token at a time and hands every intermediate
+    state to `record`, so `rewind` to any position of that call is a pick, no recompute (as
+    Ollama restores per-token snapshots of caches that cannot rewind)."""
 
     rewindable = False
+    undoes_verify = True
 
     def __init__(self) -> None:
         self.conv: mx.array | None = None
         self.ssm: mx.array | None = None
         self.offset = 0
+        self.keep_steps = False
+        self._steps: list[tuple[mx.array, mx.array]] = []  # state after 0..L tokens
+        self._steps_from = 0  # the offset of _steps[0]
 
     def update(self, conv: mx.array, ssm: mx.array, length: int) -> None:
         self.conv, self.ssm = conv, ssm
         self.offset += length
+        self._steps = []
+
+    def record(self, states: list[tuple[mx.array, mx.array]]) -> None:
+        """A stepwise call's states, before it (first) and after each of its tokens."""
+        start = self.offset
+        self.update(*states[-1], len(states) - 1)
+        self._steps, self._steps_from = states, start
+
+    def rewind(self, length: int) -> None:
+        """Back to `length` tokens: only within the last recorded call (or a no-op)."""
+        if length >= self.offset:
+            return
+        if not self._steps_from <= length < self._steps_from + len(self._steps):
+            raise ValueError(f"a recurrent state at {self.offset} cannot go back to {length}")
+        self.conv, self.ssm = self._steps[length - self._steps_from]
+        self.offset = length
+        self._steps = []
 
     @property
     def state(self) -> list[mx.array]:
@@ -129,6 +156,7 @@ class RecurrentCache:
 
     def restore(self, snapshot: tuple[mx.array | None, mx.array | None, int]) -> None:
         self.conv, self.ssm, self.offset = snapshot
+        self._steps = []
 
 
 class SlidingWindowCache:
@@ -144,6 +172,7 @@ class SlidingWindowCache:
     does not matter (RoPE is already applied)."""
 
     rewindable = False
+    undoes_verify = False
 
     def __init__(self, window: int) -> None:
         self.window = window

@@ -457,6 +457,9 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
         qtypes = {rename(k): v for k, v in qtypes.items()}
     if hasattr(module, "sanitize"):
         weights = module.sanitize(weights)
+    fit = getattr(model, "fit_weights", None)
+    if fit is not None:  # parts a config declares but a checkpoint may lack (an MTP head)
+        fit(weights)
     if mapped is not None:
         model.update_modules(tree_unflatten([(EMBEDDING, MappedEmbedding(*mapped[1:]))]))
     if compute == "fused":

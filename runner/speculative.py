@@ -1,6 +1,6 @@
-"""Speculative decoding with a draft model (reference 3.5).
+"""Speculative decoding with a draft model or an inline MTP head (reference 3.5).
 
-Each round the draft proposes up to `depth` tokens one at a time; the target scores the last
+Each round the drafter proposes up to `depth` tokens one at a time; the target scores the last
 committed token plus every proposal in one forward pass, so a round costs one target pass
 however many of the proposals it keeps. Greedy: a proposal is kept while it equals the target's
 argmax, and the target's own token follows (the correction, or a bonus when all were kept), so
@@ -11,9 +11,11 @@ proposals are mostly rejected only costs time, so `DepthControl` parks it (plain
 and probes it again now and then.
 
 Cache invariant between rounds: the target cache holds every committed token but the last (the
-one the next forward feeds); the draft cache holds a prefix of that, and catches up on the
-tokens it lacks at the start of its next proposal. After the verify pass both are rewound to
-what was committed. The whole round is one lazy graph, read back once (twice when sampling).
+one the next forward feeds); the drafter's caches hold a prefix of that, and catch up on what
+they lack at the start of its next proposal. After the verify pass both are rewound to what was
+committed: a KV cache moves its offset, a recurrent (Mamba) layer picks the state it recorded
+at that position during the verify pass (`keep_steps`, runner/kv_cache.py). The whole round is
+one lazy graph, read back once (twice when sampling).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from runner.kv_cache import KVCache
+from runner.kv_cache import KVCache, RecurrentCache
 from runner.readback import flags, token_id, token_ids
 from runner.sample import Options, filter_logits
 
@@ -34,6 +37,8 @@ PARK_BELOW = 0.3  # acceptance (EWMA) under which drafting stops paying for itse
 ACCEPT_ALPHA = 0.2  # EWMA weight of the latest round's acceptance
 PARK_ROUNDS = 8  # plain rounds before the first probe; doubles while probes fail
 MAX_PARK_ROUNDS = 256
+
+Pick = Callable[[mx.array], tuple[mx.array, mx.array]]  # logits -> (token, its distribution)
 
 
 @dataclass
@@ -72,26 +77,92 @@ class DepthControl:
         self.park_for = min(2 * self.park_for, MAX_PARK_ROUNDS)
 
 
+class Drafter(Protocol):
+    """Where proposals come from: a separate draft model (`ModelDrafter`) or a head fed by the
+    target's hidden states (runner/mtp_draft.py). `caches` travel with the target's in the
+    prefix cache."""
+
+    caches: list[Any]
+    needs_hidden: bool  # whether the target's forward passes must hand over hidden states
+
+    def propose(self, context: list[int], depth: int, pick: Pick
+                ) -> tuple[list[mx.array], list[mx.array]]:
+        """Up to `depth` lazy proposals following `context` and their distributions (none
+        when it cannot propose yet)."""
+        ...
+
+    def commit(self, before: int, proposed: int, accepted: int,
+               hidden: mx.array | None) -> None:
+        """A verify pass over positions before.. kept `accepted` proposals and one target
+        token; `hidden`: its hidden states (for `needs_hidden`)."""
+        ...
+
+    def plain(self, hidden: mx.array | None) -> None:
+        """A target-only token was fed (parked rounds); `hidden`: its hidden state."""
+        ...
+
+    def finish(self, context: list[int]) -> None:
+        """The request is over: bring the caches level with the target's if that is cheap."""
+        ...
+
+
+class ModelDrafter:
+    """A separate draft model with its own caches, fed the committed tokens it lacks."""
+
+    needs_hidden = False
+
+    def __init__(self, model: nn.Module, caches: list[KVCache]) -> None:
+        self.model, self.caches = model, caches
+
+    def propose(self, context: list[int], depth: int, pick: Pick
+                ) -> tuple[list[mx.array], list[mx.array]]:
+        feed = mx.array(context[self.caches[0].offset:], dtype=mx.uint32)
+        logits = self.model(feed[None], self.caches)[0, -1]
+        tokens, dists = [], []
+        for i in range(depth):
+            token, dist = pick(logits)
+            tokens.append(token)
+            dists.append(dist)
+            if i + 1 < depth:
+                logits = self.model(token.reshape(1, 1), self.caches)[0, -1]
+        return tokens, dists
+
+    def commit(self, before: int, proposed: int, accepted: int,
+               hidden: mx.array | None) -> None:
+        for cache in self.caches:
+            cache.rewind(before + 1 + min(accepted, proposed - 1))
+
+    def plain(self, hidden: mx.array | None) -> None:
+        """Nothing: the draft cache lags and catches up at the next proposal."""
+
+    def finish(self, context: list[int]) -> None:
+        """Feed what the draft lacks (lazily): the prefix cache keeps the offset all layers
+        share, and a recurrent target layer's state is only valid at its own."""
+        missing = context[self.caches[0].offset:len(context) - 1]
+        if missing:
+            self.model(mx.array(missing, dtype=mx.uint32)[None], self.caches)
+
+
 class Speculator:
     """One request's speculative decode; `rounds` yields the tokens each round commits."""
 
-    def __init__(self, target: nn.Module, draft: nn.Module, target_cache: list[KVCache],
-                 draft_cache: list[KVCache], options: Options,
-                 control: DepthControl | None = None) -> None:
-        self.target, self.draft = target, draft
-        self.target_cache, self.draft_cache = target_cache, draft_cache
+    def __init__(self, target: nn.Module, drafter: Drafter | None, target_cache: list[Any],
+                 options: Options, control: DepthControl | None = None) -> None:
+        self.target, self.drafter = target, drafter
+        self.target_cache = target_cache
         self.options = options
         self.greedy = options.temperature <= 0
         self.control = control if control is not None else DepthControl()
         seed = options.seed if options.seed is not None and options.seed >= 0 else None
         self._key = mx.random.key(seed if seed is not None else random.getrandbits(32))
         self.stats = DraftStats()
+        self.context: list[int] = []
 
     def rounds(self, context: list[int], budget: int,
                cancelled: Callable[[], bool]) -> Iterator[list[int]]:
         """`context`: every token so far, the last not yet fed to the target. Yields lists of
         committed tokens, `budget` in all at most."""
-        context = list(context)
+        self.context = context = list(context)
         emitted = 0
         while emitted < budget and not cancelled():
             parked = self.control.take_parked(budget - emitted)
@@ -104,12 +175,28 @@ class Speculator:
                 emitted += len(new)
                 yield new
 
+    def finish(self) -> None:
+        """Bring the drafter level with the target (the prefix cache keeps the common part)."""
+        if self.drafter is not None and self.context:
+            self.drafter.finish(self.context)
+
+    def _forward(self, inputs: mx.array) -> tuple[mx.array, mx.array | None]:
+        """The target's logits for `inputs` (1-D) and, when the drafter wants them, its final
+        hidden states."""
+        if self.drafter is not None and self.drafter.needs_hidden:
+            logits, hidden = self.target.forward_hidden(inputs[None], self.target_cache)
+            return logits[0], hidden
+        return self.target(inputs[None], self.target_cache)[0], None
+
     def _plain(self, context: list[int], count: int,
                cancelled: Callable[[], bool]) -> Iterator[list[int]]:
-        """`count` target-only tokens, pipelined as in plain decode (the draft cache lags and
-        catches up at the next proposal)."""
+        """`count` target-only tokens, pipelined as in plain decode (the drafter is told of
+        each, and catches up at the next proposal)."""
         def step(token: mx.array) -> mx.array:
-            return self._pick(self.target(token.reshape(1, 1), self.target_cache)[0, -1])[0]
+            logits, hidden = self._forward(token.reshape(1))
+            if self.drafter is not None:
+                self.drafter.plain(hidden)
+            return self._pick(logits[-1])[0]
 
         y: mx.array | None = step(mx.array(context[-1], dtype=mx.uint32))
         for i in range(count):
@@ -123,37 +210,34 @@ class Speculator:
 
     def _round(self, context: list[int], depth: int) -> list[int]:
         before = len(context) - 1
-        drafts, q = self._propose(context, depth) if depth > 0 else (None, None)
+        tokens, dists = ([], []) if depth <= 0 or self.drafter is None else (
+            self.drafter.propose(context, depth, self._pick))
+        depth = len(tokens)
+        drafts = mx.stack(tokens) if tokens else None
+        q = mx.stack(dists) if dists and not self.greedy else None
         last = mx.array(context[-1:], dtype=mx.uint32)
         inputs = last if drafts is None else mx.concatenate([last, drafts])
-        logits = self.target(inputs[None], self.target_cache)[0].astype(mx.float32)
+        recurrent = [c for c in self.target_cache if isinstance(c, RecurrentCache)]
+        for cache in recurrent:
+            cache.keep_steps = True  # it records each position's state, to rewind by a pick
+        try:
+            logits, hidden = self._forward(inputs)
+        finally:
+            for cache in recurrent:
+                cache.keep_steps = False
+        logits = logits.astype(mx.float32)
         if self.greedy:
             proposed, accepted, following = self._accept_greedy(drafts, logits)
         else:
             proposed, accepted, following = self._accept_sampled(drafts, q, logits)
         for cache in self.target_cache:
             cache.rewind(before + 1 + accepted)
-        for cache in self.draft_cache:
-            cache.rewind(before + 1 + min(accepted, depth - 1))
+        if self.drafter is not None:
+            self.drafter.commit(before, depth, accepted, hidden)
         self.stats.proposed += depth
         self.stats.accepted += accepted
         self.control.observe(depth, accepted)
         return [*proposed[:accepted], following]
-
-    def _propose(self, context: list[int], depth: int) -> tuple[mx.array, mx.array | None]:
-        """`depth` draft tokens (lazy) and, when sampling, the distributions they came from."""
-        feed = mx.array(context[self.draft_cache[0].offset:], dtype=mx.uint32)
-        logits = self.draft(feed[None], self.draft_cache)[0, -1]
-        tokens, dists = [], []
-        for i in range(depth):
-            token, dist = self._pick(logits)
-            tokens.append(token)
-            dists.append(dist)
-            if i + 1 < depth:
-                logits = self.draft(token.reshape(1, 1), self.draft_cache)[0, -1]
-        if self.greedy:
-            return mx.stack(tokens), None
-        return mx.stack(tokens), mx.stack(dists)
 
     def _pick(self, logits: mx.array) -> tuple[mx.array, mx.array]:
         logits = logits.astype(mx.float32)

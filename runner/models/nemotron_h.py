@@ -3,6 +3,10 @@
 Mamba layers carry position), `-` an MLP with squared ReLU. Every layer is pre-norm with a
 residual. Caches exist for `M` (runner.kv_cache.RecurrentCache) and `*` (KVCache) layers only,
 in layer order. Self-contained, as in mlx-lm; the Mamba2 mixer is runner.nn.ssm's.
+
+A checkpoint whose config declares `num_nextn_predict_layers` and that carries `mtp.*` tensors
+gets its multi-token-prediction head as `mtp` (_nemotron_h_mtp.py), the model's inline draft;
+`forward_hidden` gives the final hidden states the head pairs with the next tokens.
 """
 
 from __future__ import annotations
@@ -71,12 +75,16 @@ class ModelArgs:
     time_step_limit: tuple[float, float] | None = None
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
+    mtp_config: dict[str, Any] | None = None  # config.json, when it declares an MTP head
 
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> ModelArgs:
         """Build from config.json, ignoring the keys this architecture does not use."""
         known = inspect.signature(cls).parameters
-        return cls(**{k: v for k, v in params.items() if k in known})
+        args = cls(**{k: v for k, v in params.items() if k in known and k != "mtp_config"})
+        if int(params.get("num_nextn_predict_layers") or 0) > 0:
+            args.mtp_config = dict(params)
+        return args
 
     def __post_init__(self) -> None:
         self.hybrid_override_pattern = layer_pattern(
@@ -192,14 +200,42 @@ class Model(nn.Module):
         self.backbone = Backbone(args)
         if not args.tie_word_embeddings:
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
-        self._compiled_decode: Callable[..., tuple[mx.array, list[mx.array]]] | None = None
+        if args.mtp_config is not None:
+            from runner.models import _nemotron_h_mtp as mtp  # it builds on this file
+
+            head_args = mtp.mtp_args(args.mtp_config)
+            if head_args is not None:
+                self.mtp = mtp.MTPHead(head_args, args)
+        self._compiled_decode: Callable[..., tuple[mx.array, mx.array, list[mx.array]]] | None = (
+            None)
         self._traceable: bool | None = None
         self.graph_tokens = 0  # tokens decoded through the whole-model graph (tests, profiling)
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
+        return self.forward_hidden(inputs, cache)[0]
+
+    def forward_hidden(self, inputs: mx.array, cache: list[Any] | None = None
+                       ) -> tuple[mx.array, mx.array]:
+        """(logits, final hidden states after norm_f): what the MTP head pairs with the next
+        tokens."""
         if inputs.shape[1] == 1 and cache is not None and self._decodable(cache):
             return self._decode(inputs, cache)
-        return self._logits(self.backbone(inputs, cache))
+        h = self.backbone(inputs, cache)
+        return self._logits(h), h
+
+    def fit_weights(self, weights: dict[str, mx.array], prefix: str = "") -> None:
+        """Drop the MTP head when the checkpoint does not carry it (the config may declare one
+        that a conversion left out): the model then loads and runs without a draft."""
+        if "mtp" in self and not any(k.startswith(prefix + "mtp.") for k in weights):
+            del self["mtp"]
+
+    def draft_embed(self, ids: mx.array) -> mx.array:
+        """Token embeddings as the MTP head takes them."""
+        return self.backbone.embeddings(ids)
+
+    def draft_head(self) -> nn.Module | None:
+        """The inline MTP head, when loaded."""
+        return self.get("mtp")
 
     def _logits(self, h: mx.array) -> mx.array:
         if "lm_head" in self:
@@ -219,7 +255,7 @@ class Model(nn.Module):
         return all((c.keys is not None) if type(c) is KVCache
                    else type(c) is RecurrentCache and c.ssm is not None for c in cache)
 
-    def _decode(self, inputs: mx.array, cache: list[Any]) -> mx.array:
+    def _decode(self, inputs: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
         """One token through the whole model as one compiled graph, the caches' arrays passed
         in and the new ones out: per token a few dozen kernels (matmuls, fused elementwise
         runs, reductions) instead of ~250 separate dispatches and their Python. The KV buffers
@@ -234,7 +270,7 @@ class Model(nn.Module):
             else:
                 states += [c.conv, c.ssm]
         assert self._compiled_decode is not None
-        logits, new = self._compiled_decode(self.backbone.embeddings(inputs), states)
+        logits, hidden, new = self._compiled_decode(self.backbone.embeddings(inputs), states)
         self.graph_tokens += 1
         pairs = iter(zip(new[::2], new[1::2], strict=True))
         for c in cache:
@@ -243,11 +279,12 @@ class Model(nn.Module):
                 c.append(first, second)
             else:
                 c.update(first, second, 1)
-        return logits
+        return logits, hidden
 
     def _decode_graph(self, h: mx.array, states: list[mx.array]
-                      ) -> tuple[mx.array, list[mx.array]]:
-        """The traced body of `_decode`: (logits, per cached layer its two new arrays)."""
+                      ) -> tuple[mx.array, mx.array, list[mx.array]]:
+        """The traced body of `_decode`: (logits, final hidden, per cached layer its two new
+        arrays)."""
         new: list[mx.array] = []
         given = iter(states)
         for layer in self.layers:
@@ -261,7 +298,8 @@ class Model(nn.Module):
             else:
                 y = layer.mixer(x)
             h = h + y
-        return self._logits(self.backbone.norm_f(h)), new
+        h = self.backbone.norm_f(h)
+        return self._logits(h), h, new
 
     @property
     def layers(self) -> list[Block]:
@@ -272,12 +310,13 @@ class Model(nn.Module):
                 for layer in self.layers if layer.kind != "-"]
 
 
-def _compiled(model: Model) -> Callable[..., tuple[mx.array, list[mx.array]]]:
+def _compiled(model: Model) -> Callable[..., tuple[mx.array, mx.array, list[mx.array]]]:
     """`model`'s decode graph compiled; the function holds the model weakly, so the model (and
     the weights the compiled graph keeps) go as soon as nothing else refers to it."""
     ref = weakref.ref(model)
 
-    def graph(h: mx.array, states: list[mx.array]) -> tuple[mx.array, list[mx.array]]:
+    def graph(h: mx.array, states: list[mx.array]
+              ) -> tuple[mx.array, mx.array, list[mx.array]]:
         owner = ref()
         assert owner is not None
         return owner._decode_graph(h, states)
@@ -286,17 +325,21 @@ def _compiled(model: Model) -> Callable[..., tuple[mx.array, list[mx.array]]]:
 
 
 def traceable(model: nn.Module) -> bool:
-    """Whether every module of `model` is one this file knows to be built of MLX ops only."""
+    """Whether every module of `model` is one this file knows to be built of MLX ops only (the
+    MTP head is not part of the decode graph)."""
     known = (Model, Backbone, Block, Attention, MLP, Mamba2Mixer, CausalConv1d, GatedRMSNorm,
              RMSNorm, Linear, QuantizedLinear, Embedding, QuantizedEmbedding)
-    return all(type(module) in known for _, module in model.named_modules())
+    return all(type(module) in known for name, module in model.named_modules()
+               if name != "mtp" and not name.startswith("mtp."))
 
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     """Checkpoints store conv1d as [channels, 1, kernel]; the layer wants [channels, kernel, 1].
-    Multi-token-prediction heads (`mtp.`) are not used here. Float32 projection matrices are
-    laid out column-major (see `column_major`)."""
-    out = {}
+    The multi-token-prediction head (`mtp.`) goes through its own file's sanitize. Float32
+    projection matrices are laid out column-major (see `column_major`)."""
+    from runner.models import _nemotron_h_mtp as mtp
+
+    out = mtp.sanitize({k: v for k, v in weights.items() if k.startswith("mtp.")})
     for key, value in weights.items():
         if key.startswith("mtp."):
             continue

@@ -7,7 +7,8 @@ patches into one vector (`downsample_ratio` 0.5), then RMSNorm -> linear -> squa
 linear (`mlp1`), giving (tile / patch)^2 / 4 tokens per tile between `<img>` and `</img>`.
 The features replace the embeddings of the image tokens; attention over them stays causal, as
 in the source model, so `spans` are accepted (the runner passes them) and ignored. An audio
-tower (`sound_encoder`, `sound_projection`) is kept in the store by create and not loaded.
+tower (`sound_encoder`, `sound_projection`) is kept in the store by create and not loaded. The
+language model's MTP head (`mtp.*` or `language_model.mtp.*`) is its draft, as for text.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from PIL import Image
 
 from runner.kv_cache import KVCache, RecurrentCache
 from runner.media.placeholders import token_id
+from runner.media.prompt import IMAGE_KEY_BASE
 from runner.media.scatter import embed_with_images
 from runner.media.tiling import TilingConfig, tiles
 from runner.models import _radio as radio
@@ -180,6 +182,12 @@ class Model(nn.Module):
                  spans: Sequence[tuple[int, int]] = (),
                  features: mx.array | None = None) -> mx.array:
         """Logits; `spans` are ignored: Nemotron-H attends causally over image tokens."""
+        return self.forward_hidden(inputs, cache, spans, features)[0]
+
+    def forward_hidden(self, inputs: mx.array, cache: list[Any] | None = None,
+                       spans: Sequence[tuple[int, int]] = (),
+                       features: mx.array | None = None) -> tuple[mx.array, mx.array]:
+        """(logits, final hidden states after norm_f), the latter for the MTP head."""
         lm = self.language_model
         h = self.embed(inputs, features)
         caches = iter(cache) if cache is not None else None
@@ -187,13 +195,26 @@ class Model(nn.Module):
             own = next(caches) if caches is not None and layer.kind != "-" else None
             h = layer(h, own)
         h = lm.backbone.norm_f(h)
-        return lm.lm_head(h) if "lm_head" in lm else lm.backbone.embeddings.as_linear(h)
+        return lm._logits(h), h
+
+    def draft_embed(self, ids: mx.array) -> mx.array:
+        """Token embeddings for the MTP head: an image position gets its placeholder token's
+        embedding, as mlx-vlm's drafter embeds input_ids (not the image features)."""
+        ids = mx.where(ids >= IMAGE_KEY_BASE, self.args.img_context_token_id, ids)
+        return self.language_model.backbone.embeddings(ids)
+
+    def fit_weights(self, weights: dict[str, mx.array]) -> None:
+        self.language_model.fit_weights(weights, "language_model.")
+
+    def draft_head(self) -> nn.Module | None:
+        return self.language_model.draft_head()
 
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     """The language model's own sanitising under its prefix; what images never use (_DROPPED)
     is not loaded (create keeps it in the store)."""
     prefix = "language_model."
+    weights = {prefix + k if k.startswith("mtp.") else k: v for k, v in weights.items()}
     language = text.sanitize({k[len(prefix):]: v for k, v in weights.items()
                               if k.startswith(prefix)})
     out = {prefix + k: v for k, v in language.items()}

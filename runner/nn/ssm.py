@@ -156,21 +156,47 @@ class Mamba2Mixer(nn.Module):
         """One token [batch, 1, hidden] from the conv history and SSM state: (output, new
         history, new state). Pure (no cache), so a model can trace it into its own decode graph;
         `compiled` runs the part between the projections as this layer's own compiled graph."""
+        y, history, state = self._between(self.in_proj(x), conv, ssm, compiled)
+        return self.out_proj(y), history, state
+
+    def _between(self, projected: mx.array, conv: mx.array, ssm: mx.array, compiled: bool
+                 ) -> tuple[mx.array, mx.array, mx.array]:
+        """One token's part between the projections (conv, recurrence, gated norm)."""
         conv_b = self["conv1d"].get("bias")
         run = self._compiled_step if compiled else self._step
         y, history, state = run(
-            self.in_proj(x), conv, ssm, self["conv1d"]["weight"],
+            projected, conv, ssm, self["conv1d"]["weight"],
             conv_b if conv_b is not None else mx.zeros((self.conv_dim,)), self["dt_bias"],
             -mx.exp(self["A_log"].astype(mx.float32)), self["D"], self["norm"]["weight"])
-        return self.out_proj(y), history, state
+        return y, history, state
 
     def _decode_token(self, x: mx.array, cache) -> mx.array:
         y, history, state = self.step(x, cache.conv, cache.ssm, compiled=True)
         cache.update(history, state, 1)
         return y
 
+    def _stepwise(self, x: mx.array, cache) -> mx.array:
+        """A few tokens' recurrence one at a time, as decode runs it (the projections over all
+        of them at once), every intermediate state handed to the cache (`keep_steps`: a
+        speculative verify pass, which may be partly taken back)."""
+        batch = x.shape[0]
+        conv, ssm = cache.conv, cache.ssm
+        if conv is None or ssm is None:
+            conv = mx.zeros((batch, self.conv1d.kernel - 1, self.conv_dim), x.dtype)
+            ssm = mx.zeros((batch, self.heads, self.head_dim, self.state_size), mx.float32)
+        projected = self.in_proj(x)
+        states, outputs = [(conv, ssm)], []
+        for t in range(x.shape[1]):
+            y, conv, ssm = self._between(projected[:, t:t + 1], conv, ssm, compiled=True)
+            outputs.append(y)
+            states.append((conv, ssm))
+        cache.record(states)
+        return self.out_proj(mx.concatenate(outputs, axis=1))
+
     def __call__(self, x: mx.array, cache=None) -> mx.array:
         batch, length, _ = x.shape
+        if cache is not None and getattr(cache, "keep_steps", False):
+            return self._stepwise(x, cache)
         if length == 1 and cache is not None and cache.ssm is not None:
             return self._decode_token(x, cache)
         gate, conv_in, dt = mx.split(self.in_proj(x), [self.inner, self.inner + self.conv_dim],

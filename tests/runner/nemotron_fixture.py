@@ -1,6 +1,12 @@
 """Random-weight Nemotron-H checkpoints, written by hand: config.json, one bf16 safetensors file
 in the Hugging Face layout (the shapes runner.models.nemotron_h.expected_shapes names), and the
-tokenizer files of the tiny llama fixture (same 2048-token vocabulary)."""
+tokenizer files of the tiny llama fixture (same 2048-token vocabulary).
+
+`mtp=` adds a multi-token-prediction head (`mtp.*`, attention + MoE, MTP_CONFIG): "random"
+weights like the rest, or "echo": its eh_proj passes the target's hidden state through (and
+drops the token embedding), so the head predicts again the token the target just predicted.
+A random head's proposals are almost never right; the echo head's are right exactly where the
+target repeats a token, so a test sees both acceptances and rejections."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from runner.models._nemotron_h_mtp import tensor_shapes as mtp_shapes
 from runner.models.nemotron_h import expected_shapes
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
@@ -47,6 +54,33 @@ TINY_CONFIG: dict[str, Any] = {
 }
 
 
+MTP_CONFIG: dict[str, Any] = {
+    "num_nextn_predict_layers": 1,
+    "mtp_hybrid_override_pattern": "*E",
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "moe_shared_expert_intermediate_size": 96,
+    "n_shared_experts": 1,
+    "n_group": 2,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}
+
+
+def mtp_tensors(config: dict[str, Any], kind: str, rng: np.random.Generator,
+                prefix: str = "") -> dict[str, np.ndarray]:
+    """The head's tensors for `config` (which holds MTP_CONFIG): "random" or "echo"."""
+    tensors = {prefix + name: _values(name, shape, rng)
+               for name, shape in mtp_shapes(config).items()}
+    if kind == "echo":
+        hidden = config["hidden_size"]
+        tensors[prefix + "mtp.layers.0.eh_proj.weight"] = np.concatenate(
+            [np.zeros((hidden, hidden)), np.eye(hidden)], axis=1)
+    return tensors
+
+
 def _values(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """Magnitudes that make every part matter: norm gains near 1, decays spread over a range,
     time steps between 0.01 and 0.1, a conv strong enough to mix neighbours."""
@@ -77,13 +111,17 @@ def write_safetensors_bf16(path: Path, tensors: dict[str, np.ndarray]) -> None:
 
 
 def write_nemotron_checkpoint(out: Path, tokenizer_dir: Path, seed: int = 0,
+                              mtp: str | None = None, embed_scale: float = 1.0,
                               **overrides: Any) -> Path:
-    config = {**TINY_CONFIG, **overrides}
+    config = {**TINY_CONFIG, **(MTP_CONFIG if mtp else {}), **overrides}
     config["num_hidden_layers"] = len(config["hybrid_override_pattern"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     rng = np.random.default_rng(seed)
     tensors = {name: _values(name, shape, rng) for name, shape in expected_shapes(config).items()}
+    tensors["backbone.embeddings.weight"] *= embed_scale
+    if mtp:
+        tensors.update(mtp_tensors(config, mtp, rng))
     write_safetensors_bf16(out / "model.safetensors", tensors)
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, out / name)

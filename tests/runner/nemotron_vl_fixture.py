@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from nemotron_fixture import TINY_CONFIG, TOKENIZER_FILES, _values
+from nemotron_fixture import MTP_CONFIG, TINY_CONFIG, TOKENIZER_FILES, _values, mtp_tensors
 from safetensors.numpy import save_file
 
 from runner.models import nemotron_h_vl
@@ -58,13 +58,22 @@ def _tokenizer_with_image_tokens(source: Path, out: Path) -> None:
     (out / "tokenizer.json").write_text(json.dumps(tokenizer))
 
 
-def write_nemotron_vl_checkpoint(out: Path, tokenizer_dir: Path, **changes: Any) -> Path:
-    """The checkpoint dir; every tensor nemotron_h_vl.tensor_shapes lists."""
+def write_nemotron_vl_checkpoint(out: Path, tokenizer_dir: Path, mtp: str | None = None,
+                                 embed_scale: float = 1.0, **changes: Any) -> Path:
+    """The checkpoint dir; every tensor nemotron_h_vl.tensor_shapes lists, and with `mtp` the
+    language model's MTP head (`language_model.mtp.*`, see nemotron_fixture.mtp_tensors)."""
     out.mkdir(parents=True, exist_ok=True)
     config = {**VL_CONFIG, **changes}
+    if mtp:
+        config["llm_config"] = {**config["llm_config"], **MTP_CONFIG}
     args = nemotron_h_vl.ModelArgs.from_dict(config)
     tensors = {name: _tensor(name, shape)
                for name, shape in nemotron_h_vl.tensor_shapes(args).items()}
+    tensors["language_model.backbone.embeddings.weight"] *= embed_scale
+    if mtp:
+        head = mtp_tensors(config["llm_config"], mtp, np.random.default_rng(7),
+                           "language_model.")
+        tensors.update({k: v.astype(np.float32) for k, v in head.items()})
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config))
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))

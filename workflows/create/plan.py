@@ -97,6 +97,8 @@ def _promoted(name: str, requested: QuantType, draft: bool, expert: bool) -> boo
 
 
 def _kept_at_source(name: str, shape: tuple[int, ...], draft: bool, expert: bool) -> bool:
+    if name.startswith("mtp.") or ".mtp." in name:
+        return True  # an inline MTP head: reference 2.2 names no policy, so source precision
     embedding = "embed_tokens" in name
     if any(m in name for m in _UNQUANTIZED_MARKERS) and not (draft and embedding):
         return True
