@@ -32,6 +32,7 @@ import httpx
 
 _HEAD_END = b"\r\n\r\n"
 BODY_PIECE = 1024 * 1024  # bytes per piece the lean body path yields
+WAKE_BYTES = 256 * 1024  # the lean body path waits for this much at once (SO_RCVLOWAT)
 
 
 class SocketBackend(httpcore.AsyncNetworkBackend):
@@ -85,6 +86,8 @@ class SocketStream(httpcore.AsyncNetworkStream):
         self._head = False
         self._tail = b""  # the last bytes of the head so far (a blank line may span reads)
         self.body_at_socket = False
+        self._wake_bytes = WAKE_BYTES
+        self._lowat = 1  # the socket's SO_RCVLOWAT (the kernel's default)
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         self.read_timeout = timeout
@@ -169,8 +172,7 @@ class SocketStream(httpcore.AsyncNetworkStream):
                     try:
                         got = self.sock.recv_into(buffer[filled:])
                     except BlockingIOError:
-                        async with asyncio.timeout(self.read_timeout):
-                            await _readable(loop, self.sock)
+                        await self._await_body(loop, len(buffer) - filled)
                         continue
                     if not got:
                         break
@@ -186,6 +188,28 @@ class SocketStream(httpcore.AsyncNetworkStream):
                 raise failure
             if filled < len(buffer):
                 return
+
+
+    async def _await_body(self, loop: asyncio.AbstractEventLoop, wanted: int) -> None:
+        """Wait until `wanted` bytes (at most WAKE_BYTES) are buffered, or the peer closed.
+
+        SO_RCVLOWAT makes the kernel wake us for a batch, not for every packet: when the sender
+        is slower than we are, a wake-up per 64 KiB costs more CPU than the bytes. A stall is a
+        wait in which not one byte arrived; on a link too slow to fill a batch in that time, the
+        rest of this body wakes for any byte again."""
+        want = max(1, min(wanted, self._wake_bytes))
+        if want != self._lowat:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+            self._lowat = want
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                await _readable(loop, self.sock)
+        except TimeoutError:
+            try:
+                self.sock.recv(1, socket.MSG_PEEK)  # bytes (or the end) are there: no stall
+            except BlockingIOError:
+                raise TimeoutError from None
+            self._wake_bytes = 1
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:

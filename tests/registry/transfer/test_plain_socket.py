@@ -202,6 +202,28 @@ async def test_a_stalled_body_yields_what_arrived_then_times_out() -> None:
     assert got == BODY[:5000]
 
 
+async def test_a_body_trickling_slower_than_a_batch_is_not_a_stall() -> None:
+    """The body path waits for a batch of bytes (SO_RCVLOWAT); a link too slow to fill one
+    within the stall timeout still delivers, as long as bytes keep coming."""
+    payload = bytes(range(256)) * 80  # 20 KiB, 1 KiB every 40 ms: never a batch in 0.3 s
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(head(len(payload)))
+        for start in range(0, len(payload), 1024):
+            writer.write(payload[start:start + 1024])
+            await writer.drain()
+            await asyncio.sleep(0.04)
+
+    async with scripted(trickle) as (_, base):
+        client = session(base, stall=0.3)
+        try:
+            body, lean = await collect(await client.send("GET", f"{base}/blob"))
+        finally:
+            await client.aclose()
+    assert (body, lean) == (payload, True)
+
+
 async def test_the_backend_connects_only_to_checked_addresses() -> None:
     with pytest.raises(httpcore.ConnectError, match="not a checked address"):
         await SocketBackend().connect_tcp("localhost", 80)
