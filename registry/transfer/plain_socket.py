@@ -33,6 +33,9 @@ import httpx
 _HEAD_END = b"\r\n\r\n"
 BODY_PIECE = 1024 * 1024  # bytes per piece the lean body path yields
 WAKE_BYTES = 256 * 1024  # the lean body path waits for this much at once (SO_RCVLOWAT)
+# Smaller bodies go through httpx: they cost little per byte, and so keep their connection
+# for the next request (a lean body closes it).
+LEAN_MIN = 1024 * 1024
 
 
 class SocketBackend(httpcore.AsyncNetworkBackend):
@@ -230,8 +233,8 @@ def _settle(future: asyncio.Future[None]) -> None:
 
 def lean_body(response: httpx.Response) -> tuple[SocketStream, int] | None:
     """The stream and length of a body that may be read with `SocketStream.body`, or None
-    when it must go through httpx: not our backend, a head that was not read cleanly, or a
-    body that is not plain bytes of a known length (chunked, or encoded)."""
+    when it goes through httpx: not our backend, a head that was not read cleanly, a body that
+    is not plain bytes of a known length (chunked, or encoded), or a small one."""
     stream = response.extensions.get("network_stream")
     if not isinstance(stream, SocketStream) or not stream.body_at_socket:
         return None
@@ -241,7 +244,7 @@ def lean_body(response: httpx.Response) -> tuple[SocketStream, int] | None:
     if headers.get("content-encoding", "identity").strip().lower() != "identity":
         return None
     length = headers.get("content-length", "")
-    if not length.isdigit():
+    if not length.isdigit() or int(length) < LEAN_MIN:
         return None
     return stream, int(length)
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import uvloop
 
-from registry.transfer.plain_socket import SocketBackend, lean_body
+from registry.transfer.plain_socket import LEAN_MIN, SocketBackend, lean_body
 from registry.transfer.safe import RedirectPolicy
 from registry.transfer.session import Reply, SafeSession
 
@@ -143,12 +143,13 @@ async def test_a_blank_line_split_across_writes_still_ends_the_head() -> None:
 
 @pytest.mark.parametrize("extra", ["Transfer-Encoding: chunked\r\n", "Content-Encoding: gzip\r\n"])
 async def test_a_chunked_or_encoded_body_goes_through_httpx(extra: str) -> None:
-    payload = b"x" * 1000
+    payload = b"x" * LEAN_MIN  # large enough for the lean path, were it plain
 
     async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         if "chunked" in extra:
-            writer.write(head(None, extra) + b"3e8\r\n" + payload + b"\r\n0\r\n\r\n")
+            size = f"{len(payload):x}\r\n".encode()
+            writer.write(head(None, extra) + size + payload + b"\r\n0\r\n\r\n")
         else:
             writer.write(head(len(payload), extra) + payload)
         await writer.drain()
@@ -160,6 +161,25 @@ async def test_a_chunked_or_encoded_body_goes_through_httpx(extra: str) -> None:
         finally:
             await client.aclose()
     assert (body, lean) == (payload, False)  # raw bytes, as aiter_raw gives them
+
+
+async def test_a_small_body_goes_through_httpx_and_keeps_its_connection() -> None:
+    small = BODY[:LEAN_MIN - 1]
+
+    async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader):
+            writer.write(head(len(small)) + small)
+            await writer.drain()
+
+    async with scripted(respond) as (server, base):
+        client = session(base)
+        try:
+            first = await collect(await client.send("GET", f"{base}/blob"))
+            second = await collect(await client.send("GET", f"{base}/blob"))
+        finally:
+            await client.aclose()
+    assert first == second == (small, False)
+    assert server.connections == 1
 
 
 async def test_a_body_cut_short_ends_with_what_arrived() -> None:
@@ -205,12 +225,13 @@ async def test_a_stalled_body_yields_what_arrived_then_times_out() -> None:
 async def test_a_body_trickling_slower_than_a_batch_is_not_a_stall() -> None:
     """The body path waits for a batch of bytes (SO_RCVLOWAT); a link too slow to fill one
     within the stall timeout still delivers, as long as bytes keep coming."""
-    payload = bytes(range(256)) * 80  # 20 KiB, 1 KiB every 40 ms: never a batch in 0.3 s
+    payload = bytes(range(256)) * ((LEAN_MIN + 20 * 1024) // 256)  # the last 20 KiB trickle:
+    # 1 KiB every 40 ms, never a batch within the 0.3 s stall timeout
 
     async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        writer.write(head(len(payload)))
-        for start in range(0, len(payload), 1024):
+        writer.write(head(len(payload)) + payload[:LEAN_MIN])
+        for start in range(LEAN_MIN, len(payload), 1024):
             writer.write(payload[start:start + 1024])
             await writer.drain()
             await asyncio.sleep(0.04)
