@@ -151,7 +151,9 @@ class SocketStream(httpcore.AsyncNetworkStream):
         if info == "is_readable":  # an idle pooled connection the server closed
             if self.sock.fileno() < 0:
                 return True
-            return bool(select.select([self.sock], [], [], 0)[0])
+            poller = select.poll()  # not select(): a busy server has descriptors past 1024
+            poller.register(self.sock, select.POLLIN)
+            return bool(poller.poll(0))
         with contextlib.suppress(OSError):
             if info == "client_addr":
                 return self.sock.getsockname()
@@ -191,7 +193,6 @@ class SocketStream(httpcore.AsyncNetworkStream):
                 raise failure
             if filled < len(buffer):
                 return
-
 
     async def _await_body(self, loop: asyncio.AbstractEventLoop, wanted: int) -> None:
         """Wait until `wanted` bytes (at most WAKE_BYTES) are buffered, or the peer closed.
@@ -253,6 +254,8 @@ def transport_for(scheme: str, verify: Any, limits: httpx.Limits) -> httpx.Async
     """httpx's transport; for plain http, its pool uses `SocketBackend` (the lean body path)."""
     transport = httpx.AsyncHTTPTransport(verify=verify, trust_env=False, limits=limits)
     if scheme == "http":
+        # httpx takes no network backend, so its pool is replaced by the same pool with ours
+        # (tests/registry/transfer/test_plain_socket.py fails if this stops taking effect).
         transport._pool = httpcore.AsyncConnectionPool(
             ssl_context=None, max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,

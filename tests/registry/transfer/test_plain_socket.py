@@ -122,6 +122,26 @@ async def test_a_body_read_by_httpx_keeps_the_connection_for_the_next_request() 
     assert server.connections == 1
 
 
+async def test_a_pooled_connection_the_server_closed_is_not_reused() -> None:
+    small = b"y" * 100
+
+    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)  # keep-alive, then the server drops the idle connection
+        writer.write(head(len(small)) + small)
+        await writer.drain()
+
+    async with scripted(once) as (server, base):
+        client = session(base)
+        try:
+            first = await collect(await client.send("GET", f"{base}/blob"))
+            await asyncio.sleep(0.1)
+            second = await collect(await client.send("GET", f"{base}/blob"))
+        finally:
+            await client.aclose()
+    assert first == second == (small, False)
+    assert server.connections == 2
+
+
 async def test_a_blank_line_split_across_writes_still_ends_the_head() -> None:
     async def split(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
