@@ -4,6 +4,8 @@ httpx pools connections by the URL's host. We send requests to the checked IP (w
 `Host` header and the `sni_hostname` extension, so TLS still verifies the name), so one shared
 client would pool by IP and could hand a connection verified for one name to another name that
 resolved to the same address. Hence one client, and so one pool, per (scheme, hostname, port).
+A plain-http pool connects through `plain_socket.SocketBackend` (literal addresses only), whose
+large bodies `Reply.pieces()` reads straight from the socket.
 """
 
 from __future__ import annotations
