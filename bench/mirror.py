@@ -5,10 +5,10 @@ direct pull from the upstream, all in one run on loopback.
 
 Two `ferry registry serve` processes: the upstream, holding a pushed model of one big random
 blob plus a config, and the proxy in front of it. Each round pulls the model with ferry's
-transfer client (the code behind `ferry pull`) into a fresh store three times: directly from the
-upstream, through a proxy with an empty cache (cold: fetched upstream while streamed to the
-client), and through that proxy again (warm: from its cache). Prints MB/s (10^6 bytes) and the
-ratios; targets: cold >= 0.8x direct, warm >= 1.0x direct.
+transfer client (the code behind `ferry pull`, on uvloop as `ferry serve` runs it) into a fresh
+store three times: directly from the upstream, through a proxy with an empty cache (cold:
+fetched upstream while streamed to the client), and through that proxy again (warm: from its
+cache). Prints MB/s (10^6 bytes) and the ratios; targets: cold >= 0.8x direct, warm >= 1.0x direct.
 
 On one machine the cold pull writes every byte twice (the proxy's cache and the client's store)
 where the direct pull writes it once, so a disk-bound machine halves it; `--proxy-dir` puts the
@@ -41,7 +41,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.transfer import free_port, make_model  # noqa: E402
+from bench.transfer import free_port, make_model, run_like_server  # noqa: E402
 from registry.names import Name  # noqa: E402
 from registry.store import Store  # noqa: E402
 from registry.transfer.client import TransferOptions  # noqa: E402
@@ -88,7 +88,7 @@ def timed_pull(name: str, store: Store, options: TransferOptions,
                                         for pid in servers]
 
     start, cpu0 = time.perf_counter(), cpu()
-    asyncio.run(pull(name, store, options, lambda e: None))
+    run_like_server(pull(name, store, options, lambda e: None))
     return time.perf_counter() - start, [b - a for a, b in zip(cpu0, cpu(), strict=True)]
 
 

@@ -24,8 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 
@@ -41,6 +42,7 @@ from registry.transfer.pull import pull  # noqa: E402
 from registry.transfer.push import push  # noqa: E402
 
 MiB = 1024 * 1024
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -121,6 +123,17 @@ def oci_layout(store: Store, raw: bytes, out: Path) -> None:
     (out / "index.json").write_text(json.dumps(index))
 
 
+def run_like_server(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a pull or push on the loop `ferry serve` runs it on: uvicorn's "auto" loop, which is
+    uvloop wherever it is installed (uvicorn[standard] installs it)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
 def disk_write_mbps(directory: Path, size: int) -> float:
     path = directory / "disk-probe"
     chunk = os.urandom(8 * MiB)
@@ -183,8 +196,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
         total = sum(d["size"] for d in [json.loads(raw)["config"], *json.loads(raw)["layers"]])
         options = TransferOptions(home=work / "home", insecure=True,
                                   max_streams=args.streams)
-        ferry_push = phase.run(lambda: asyncio.run(push(name, source, options, lambda e: None)))
-        ferry_pull = phase.run(lambda: asyncio.run(pull(name, target, options, lambda e: None)))
+        ferry_push = phase.run(lambda: run_like_server(push(name, source, options, lambda e: None)))
+        ferry_pull = phase.run(lambda: run_like_server(pull(name, target, options, lambda e: None)))
     assert target.read_manifest(Name.parse(name)) == raw
     shutil.rmtree(target.root)
     oci_layout(source, raw, work / "oci")

@@ -96,7 +96,8 @@ class PartialBlob:
         for part in parts:
             self.save(part)
 
-    def write(self, chunks: list[bytes], position: int) -> None:
+    def write(self, chunks: list[bytes] | list[memoryview] | list[bytes | memoryview],
+              position: int) -> None:
         """Write `chunks` back to back at `position` (one pwritev; short writes resumed)."""
         assert self.fd is not None
         views = [memoryview(c) for c in chunks if c]

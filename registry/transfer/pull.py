@@ -32,6 +32,7 @@ from registry.transfer.mirrors import pull_sources
 from registry.transfer.partial import OrderedHasher, Part, PartialBlob
 from registry.transfer.progress import progress
 from registry.transfer.retry import ShortRead
+from registry.transfer.session import Piece, Reply
 from registry.transfer.tasks import in_thread, run_all
 
 Progress = Callable[[dict[str, Any]], None]
@@ -234,7 +235,7 @@ class BlobPull:
                                               headers={"Accept-Encoding": "identity"})
             try:
                 body = bytearray()
-                async for chunk in reply.response.aiter_raw():
+                async for chunk in reply.pieces():
                     body += chunk
                     if len(body) > self.desc.size:
                         raise TransferError(f"{self.status}: the registry sent more bytes "
@@ -281,21 +282,20 @@ class BlobPull:
         try:
             if reply.status == 200 and not (part.next_byte == 0 and part.size == self.desc.size):
                 raise TransferError(f"{self.status}: the registry ignored the Range request")
-            await self._copy_body(reply.response, partial, part)
+            await self._copy_body(reply, partial, part)
         finally:
             await reply.aclose()
             await asyncio.to_thread(partial.save, part)
         if part.remaining:
             raise ShortRead(f"{self.status}: the body ended {part.remaining} bytes early")
 
-    async def _copy_body(self, response: httpx.Response, partial: PartialBlob,
-                         part: Part) -> None:
+    async def _copy_body(self, reply: Reply, partial: PartialBlob, part: Part) -> None:
         # Chunks are gathered, not concatenated: one pwritev per batch, no copy on the loop.
-        batch: list[bytes] = []
+        batch: list[Piece] = []
         batched = since_checkpoint = 0
         checkpoint = self.client.options.checkpoint_bytes
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in reply.pieces():
                 if batched + len(chunk) > part.remaining:
                     raise TransferError(f"{self.status}: the registry sent more bytes than asked")
                 batch.append(chunk)

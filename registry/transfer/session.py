@@ -4,6 +4,8 @@ httpx pools connections by the URL's host. We send requests to the checked IP (w
 `Host` header and the `sni_hostname` extension, so TLS still verifies the name), so one shared
 client would pool by IP and could hand a connection verified for one name to another name that
 resolved to the same address. Hence one client, and so one pool, per (scheme, hostname, port).
+A plain-http pool connects through `plain_socket.SocketBackend` (literal addresses only), whose
+large bodies `Reply.pieces()` reads straight from the socket.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import httpx
 
 from registry.errors import FerryError, TooLarge
 from registry.transfer.errors import UpstreamError
+from registry.transfer.plain_socket import lean_body, transport_for
 from registry.transfer.safe import HopChain, RedirectPolicy, check_hop
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -30,6 +33,8 @@ if getattr(_http11.AsyncHTTP11Connection, "READ_NUM_BYTES", _READ_BYTES) < _READ
 USER_AGENT = "ferry/0.1 (transfer)"
 
 Body = bytes | Callable[[], AsyncIterator[bytes]] | None
+# A piece of a body: bytes from httpx, or a view of a buffer of its own from the lean path.
+Piece = bytes | memoryview
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,18 @@ class Reply:
 
     async def aclose(self) -> None:
         await self.response.aclose()
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """The raw body (no decoding) in pieces: straight from the socket in large buffers where
+        the connection allows it (plain_socket.py), else as httpx reads it."""
+        lean = lean_body(self.response)
+        if lean is None:
+            async for chunk in self.response.aiter_raw():
+                yield chunk
+            return
+        stream, length = lean
+        async for piece in stream.body(length):
+            yield piece
 
     async def read_capped(self, limit: int, what: str) -> bytes:
         """The whole body, refused (TooLarge) as soon as it passes `limit`; closes the reply.
@@ -84,10 +101,10 @@ class SafeSession:
         client = self._pools.get(key)
         if client is None:
             # trust_env=False: a proxy from the environment would undo the address pinning.
-            client = httpx.AsyncClient(verify=self.ssl_context, trust_env=False,
-                                       timeout=self.timeout, follow_redirects=False,
-                                       limits=httpx.Limits(max_connections=64,
-                                                           max_keepalive_connections=32))
+            limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+            client = httpx.AsyncClient(
+                transport=transport_for(url.scheme, self.ssl_context, limits),
+                timeout=self.timeout, follow_redirects=False, trust_env=False)
             self._pools[key] = client
         return client
 

@@ -36,10 +36,10 @@ from registry.service.proxy.upstream import UpstreamClient
 from registry.service.registry import Registry
 from registry.transfer.errors import RegistryNotFound, TransferError
 from registry.transfer.retry import RetryPolicy, ShortRead
-from registry.transfer.session import Reply
+from registry.transfer.session import Piece, Reply
 
 log = logging.getLogger("ferry.registry.proxy")
-QUEUE_PIECES = 128  # per subscriber; pieces are what one socket read returned (<= 256 KiB)
+QUEUE_PIECES = 32  # per subscriber; a piece is at most 1 MiB (plain_socket.BODY_PIECE)
 SUBSCRIBER_STALL = 30.0  # seconds a request may leave its full queue unread
 REPLAY_BYTES = 32 * 1024 * 1024  # the latest bytes passed on, kept for requests that join late
 _END = object()
@@ -57,7 +57,7 @@ class Subscription:
         self.error: RegistryError | None = None
         self.closed = False
 
-    async def next(self) -> bytes | None:
+    async def next(self) -> Piece | None:
         """The next piece, None at the end; raises the fetch's error when it failed."""
         item = self.backlog.popleft() if self.backlog else await self.queue.get()
         if self.error is not None:
@@ -90,9 +90,9 @@ class BlobFetch:
         self.ready = asyncio.Event()  # the size is known, or the fetch failed
         self.done = asyncio.Event()
         self.error: RegistryError | None = None
-        self._held: bytes | None = None
+        self._held: Piece | None = None
         self._joinable = True  # False once the last piece went out
-        self._recent: deque[tuple[int, bytes]] = deque()  # (offset, piece) of the latest sent
+        self._recent: deque[tuple[int, Piece]] = deque()  # (offset, piece) of the latest sent
         self._recent_bytes = 0
 
     def subscribe(self, start: int, end: int | None) -> Subscription | None:
@@ -213,7 +213,7 @@ class BlobFetch:
             if self.received == 0:
                 length = reply.response.headers.get("content-length", "")
                 self._set_size(int(length) if length.isdigit() else None)
-            async for chunk in reply.response.aiter_raw():
+            async for chunk in reply.pieces():
                 if chunk:
                     await self._take(chunk, writes, writer)
         finally:
@@ -230,7 +230,7 @@ class BlobFetch:
                                 detail={"limit": limit})
         self.ready.set()
 
-    async def _take(self, chunk: bytes, writes: asyncio.Queue[object],
+    async def _take(self, chunk: Piece, writes: asyncio.Queue[object],
                     writer: asyncio.Task[int]) -> None:
         """Pass on the previous piece and hold this one (the last is released once verified),
         and queue it for the writer."""
@@ -245,7 +245,7 @@ class BlobFetch:
         self.received = total
         await _put(writes, chunk, writer)
 
-    async def _broadcast(self, chunk: bytes) -> None:
+    async def _broadcast(self, chunk: Piece) -> None:
         begin, finish = self.sent, self.sent + len(chunk)
         # Counted as sent, and kept for replay, before any delivery awaits: a request joining
         # meanwhile is not in this round, so it gets this piece from the replay instead.
@@ -299,7 +299,7 @@ class BlobFetch:
         self.subscribers.clear()
 
 
-async def _drain(writes: asyncio.Queue[object]) -> AsyncIterator[bytes]:
+async def _drain(writes: asyncio.Queue[object]) -> AsyncIterator[Piece]:
     while (item := await writes.get()) is not _END:
         yield item  # type: ignore[misc]
 

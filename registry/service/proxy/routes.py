@@ -33,6 +33,7 @@ from registry.service.proxy.upstream import UpstreamClient
 from registry.service.registry import Registry
 from registry.service.tags import is_tag
 from registry.transfer.errors import RegistryNotFound
+from registry.transfer.session import Piece
 
 CATCH_ALL = oci.CATCH_ALL
 STALE_WARNING = '110 ferry "Response is Stale"'
@@ -213,8 +214,8 @@ def _blob_headers(fetch: BlobFetch, start: int, end: int | None, status: int) ->
     return headers
 
 
-async def _relay(first: bytes | None, subscription: Subscription, proxy: Proxy, repo: str,
-                 fetch: BlobFetch) -> AsyncIterator[bytes]:
+async def _relay(first: Piece | None, subscription: Subscription, proxy: Proxy, repo: str,
+                 fetch: BlobFetch) -> AsyncIterator[Piece]:
     try:
         piece = first
         while piece is not None:

@@ -19,7 +19,7 @@ from registry.digests import Digest
 from registry.service.proxy.upstream import UpstreamClient
 from registry.transfer.errors import TransferError
 from registry.transfer.retry import RetryPolicy, ShortRead
-from registry.transfer.session import Reply
+from registry.transfer.session import Piece, Reply
 
 _CONTENT_RANGE = re.compile(r"^bytes 0-(\d+)/(\d+)$")
 _END = object()
@@ -50,7 +50,7 @@ class SegmentPlan:
         return [(s, min(s + self.segment, self.size)) for s in range(0, self.size, self.segment)]
 
 
-async def ordered_pieces(plan: SegmentPlan, first: Reply) -> AsyncIterator[bytes]:
+async def ordered_pieces(plan: SegmentPlan, first: Reply) -> AsyncIterator[Piece]:
     """The blob's bytes in order; `first` is the open 206 for the first segment."""
     bounds = plan.bounds()
     queues: list[asyncio.Queue[object]] = [asyncio.Queue() for _ in bounds]
@@ -89,7 +89,7 @@ async def _fetch_segment(plan: SegmentPlan, bounds: tuple[int, int],
             if reply.status != 206:
                 raise TransferError(f"the upstream answered {reply.status} to a request for "
                                     f"bytes {start + got}-{end - 1} of {plan.digest}")
-            async for chunk in reply.response.aiter_raw():
+            async for chunk in reply.pieces():
                 if got + len(chunk) > end - start:
                     raise TransferError(f"the upstream sent more bytes of {plan.digest} than "
                                         "it was asked for")

@@ -67,8 +67,8 @@ class BlobStore(Protocol):
         be written this way (a plain `put` does not take part in the swap)."""
 
     async def append(
-        self, key: str, chunks: AsyncIterable[bytes],
-        observe: Callable[[bytes], object] | None = None,
+        self, key: str, chunks: AsyncIterable[bytes | memoryview],
+        observe: Callable[[bytes | memoryview], object] | None = None,
     ) -> int:
         """Append a stream to the object at `key` (created empty if absent); return bytes written.
 

@@ -132,14 +132,14 @@ class FilesystemStore:
             raise
 
     async def append(
-        self, key: str, chunks: AsyncIterable[bytes],
-        observe: Callable[[bytes], object] | None = None,
+        self, key: str, chunks: AsyncIterable[bytes | memoryview],
+        observe: Callable[[bytes | memoryview], object] | None = None,
     ) -> int:
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         written = 0
-        pending: list[bytes] = []
+        pending: list[bytes | memoryview] = []
         pending_size = 0
         try:
             async for chunk in chunks:
@@ -215,7 +215,8 @@ def _cached_pread(fd: int, size: int, position: int) -> memoryview | None:
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 
 
-def _write_all(fd: int, pieces: list[bytes], observe: Callable[[bytes], object] | None) -> int:
+def _write_all(fd: int, pieces: list[bytes | memoryview],
+               observe: Callable[[bytes | memoryview], object] | None) -> int:
     total = 0
     for piece in pieces:
         if observe is not None:

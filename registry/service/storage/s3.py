@@ -177,8 +177,8 @@ class S3Store:
         return True
 
     async def append(
-        self, key: str, chunks: AsyncIterable[bytes],
-        observe: Callable[[bytes], object] | None = None,
+        self, key: str, chunks: AsyncIterable[bytes | memoryview],
+        observe: Callable[[bytes | memoryview], object] | None = None,
     ) -> int:
         stat = await self.stat(key)
         offset = stat.size if stat else 0
