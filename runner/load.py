@@ -162,6 +162,21 @@ def trim_heap() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD_BYTES = 256 * 1024
+
+
+def pin_mmap_threshold() -> None:
+    """Serve every C allocation of 256 KiB or more with its own mmap, returned to the OS when
+    freed (glibc's mallopt; elsewhere nothing). glibc otherwise raises that threshold to the
+    size of each large block freed (up to 32 MiB), so the next prefill's transients (per-layer
+    float32 weights, attention scores: MBs each, freed at once when MLX keeps no pool) come from
+    the heap and stay resident after the request: the medium int4 model's runner held 616 MiB
+    after a 608-token request with it, 519 MiB pinned (bench/runner.py's model, same request)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
+
 def _config_blob(store: Store, digest: Digest | None) -> ModelConfig:
     return ModelConfig.from_json(store.read_blob(digest)) if digest is not None else ModelConfig()
 
@@ -385,6 +400,7 @@ def load_model(store: Store, name: str, compute: str = "auto",
         # in that pool beside the live ones and raise the peak. Without it, peak RSS fell by
         # ~21 MiB (small fixture, int4) and 28 MiB (medium), decode no slower within noise.
         mx.set_cache_limit(0)
+        pin_mmap_threshold()
     total = max(1, len(files.tensor_blobs) + len(files.draft_blobs))
 
     def step(done: int) -> None:
