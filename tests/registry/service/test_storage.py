@@ -229,3 +229,49 @@ async def test_staged_also_finds_leftovers_of_the_old_tmp_marker(store: BlobStor
         await store.put(key, b"x")
     await store.put("repositories/r.tmp-0123456789ab/_manifests/tags/t.tmp-1/current", b"d")
     assert sorted(key for key, _ in await store.staged()) == sorted(old)
+
+
+async def test_filesystem_delete_of_a_prefix_runs_off_the_loop_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An upload session's directory is removed on a worker thread (its unlinks wait on the
+    journal while other uploads fsync); the loop never sees it half removed, and nothing of it
+    is left, not even the renamed-aside copy."""
+    import shutil
+    import threading
+
+    from registry.service.storage import filesystem
+
+    store = FilesystemStore(tmp_path / "store")
+    await store.put("uploads/u1/session", b"{}")
+    await store.append("uploads/u1/data", chunks(b"abc"))
+    threads: list[threading.Thread] = []
+    real_rmtree = shutil.rmtree
+
+    def recording_rmtree(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        threads.append(threading.current_thread())
+        assert not (tmp_path / "store" / "uploads" / "u1").exists()  # renamed aside first
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(filesystem.shutil, "rmtree", recording_rmtree)
+    await store.delete("uploads/u1")
+    assert threads and all(t is not threading.current_thread() for t in threads)
+    assert await store.stat("uploads/u1/session") is None
+    assert list((tmp_path / "store" / "uploads").iterdir()) == []
+    await store.delete("uploads/u1")  # gone already: nothing to do, no error
+    store.close()
+
+
+async def test_filesystem_staged_reports_a_tree_a_crash_left_renamed_aside(tmp_path: Path) -> None:
+    """A crash between the rename and the removal leaves `<dir>~tmp-<hex>`: listings skip it,
+    `staged` reports it (without its files one by one), and deleting that key removes it."""
+    store = FilesystemStore(tmp_path / "store")
+    await store.put("uploads/u2~tmp-0123456789ab/session", b"{}")
+    await store.put("uploads/u2~tmp-0123456789ab/data", b"abc")
+    await store.put("uploads/u3/session", b"{}")
+    assert await store.list("uploads") == ["u3"]
+    assert [key for key, _ in await store.staged()] == ["uploads/u2~tmp-0123456789ab"]
+    await store.delete("uploads/u2~tmp-0123456789ab")
+    assert await store.staged() == []
+    assert await store.list("uploads") == ["u3"]
+    store.close()
