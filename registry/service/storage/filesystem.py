@@ -167,11 +167,7 @@ class FilesystemStore:
         except FileNotFoundError:
             return
         except (IsADirectoryError, PermissionError):
-            # A directory (an upload session, after every upload): its unlinks wait on the
-            # filesystem journal, ~2 ms an upload while other uploads fsync, which on the loop
-            # stalled every request in flight. A worker renames it aside (so it is whole or gone,
-            # never half there) and then removes it.
-            await self._offload(_remove_tree, path)
+            shutil.rmtree(path, ignore_errors=True)
 
     async def list(self, prefix: str) -> list[str]:
         try:
@@ -187,26 +183,9 @@ class FilesystemStore:
         return None
 
 
-def _remove_tree(path: str) -> None:
-    """Rename the directory aside (a staged name: listings skip it, gc sweeps it if a crash
-    leaves it), then remove it."""
-    trash = f"{path}{STAGING_MARKER}{uuid.uuid4().hex[:12]}"
-    try:
-        os.rename(path, trash)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
-
-
 def _staged_files(root: str) -> list[tuple[str, Stat]]:
     found = []
-    for directory, subdirs, names in os.walk(root):
-        for name in [d for d in subdirs if STAGING_MARKER in d]:  # a tree _remove_tree left
-            subdirs.remove(name)
-            path = os.path.join(directory, name)
-            with contextlib.suppress(FileNotFoundError):
-                st = os.stat(path)
-                found.append((os.path.relpath(path, root), Stat(st.st_size, st.st_mtime)))
+    for directory, _, names in os.walk(root):
         for name in names:
             if is_staged_leaf(name):
                 path = os.path.join(directory, name)
