@@ -5,18 +5,21 @@ Starts both on loopback over fresh temp directories (filesystem storage), drives
 with the ratio ferry/reference (throughput: higher is better for ferry). Each group of phases runs
 against every server before the next group starts, and the whole set repeats `--rounds` times;
 the table shows each figure's median over the rounds. (On this shared two-core box one pass is
-not enough: single passes of the same build put auth/open anywhere from 0.15x to 1.7x.) A third
+not enough: single passes of the same build put auth/open anywhere from 0.1x to 3x.) A third
 server, ferry with `--auth` (the same phases through a Bearer token that regbench fetches once
 and reuses, as real clients do; rate limits set out of reach so only their bookkeeping is
 measured), runs beside them; `--no-auth-run` skips it.
 
 auth/open is a paired figure: the two ferry runs of a group always run back to back (which one
-goes first alternates, and the reference runs before the pair in one round, after it in the
-next), and the column is the median over rounds of each round's ratio. Dividing the median of
-one server's rounds by the other's, as this script did before, compared runs made up to minutes
-apart under whatever else this machine was running; adjacent runs share that load. Beside it,
-`srv us/op` is the server process's CPU time per operation (from /proc, as regbench reports
-it): the load on the machine barely moves it, so it shows what auth itself costs. Run by hand:
+goes first alternates, and the reference runs before the pair in two rounds of four, after it in
+the other two), and the column is the median over rounds of each round's ratio. Before, this
+script divided the median of one server's rounds by the other's, under a rotation that put the
+auth run right after the open one and the open one right after the reference in nearly every
+group:
+runs made minutes apart, under different load, each always in the same place in the sequence.
+Beside it, `srv us/op` is the server process's CPU time per operation (from /proc, as regbench
+reports it), which moves far less with the machine's load than throughput does, and `+auth` what
+auth adds to it. Run by hand:
 
     .venv/bin/python bench/registry.py                 # the full run (minutes)
     .venv/bin/python bench/registry.py --big-mib 128   # quicker; other regbench flags pass through
