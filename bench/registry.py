@@ -15,8 +15,7 @@ goes first alternates, and the reference runs before the pair in two rounds of f
 the other two), and the column is the median over rounds of each round's ratio. Before, this
 script divided the median of one server's rounds by the other's, under a rotation that put the
 auth run right after the open one and the open one right after the reference in nearly every
-group:
-runs made minutes apart, under different load, each always in the same place in the sequence.
+group: runs made minutes apart, under different load, each always in the same place.
 Beside it, `srv us/op` is the server process's CPU time per operation (from /proc, as regbench
 reports it), which moves far less with the machine's load than throughput does, and `+auth` what
 auth adds to it. Run by hand:
