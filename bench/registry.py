@@ -3,17 +3,26 @@
 Starts both on loopback over fresh temp directories (filesystem storage), drives each with
 `../shared/bench/regbench.py` (same arguments, same seed), and prints every figure side by side
 with the ratio ferry/reference (throughput: higher is better for ferry). Each group of phases runs
-against every server before the next group starts, and the whole set repeats `--rounds` times
-with the servers' order rotated each round, so each takes every position; the table shows each
-figure's median over the rounds. (On this shared two-core box one pass is not enough: single
-passes of the same build put auth/open anywhere from 0.23x to 1.5x.) A third server, ferry with
-`--auth` (the same phases through a Bearer token that regbench fetches once and reuses, as
-real clients do; rate limits set out of reach so only their bookkeeping is measured), runs
-beside them; `--no-auth-run` skips it. Run by hand:
+against every server before the next group starts, and the whole set repeats `--rounds` times;
+the table shows each figure's median over the rounds. (On this shared two-core box one pass is
+not enough: single passes of the same build put auth/open anywhere from 0.1x to 3x.) A third
+server, ferry with `--auth` (the same phases through a Bearer token that regbench fetches once
+and reuses, as real clients do; rate limits set out of reach so only their bookkeeping is
+measured), runs beside them; `--no-auth-run` skips it.
+
+auth/open is a paired figure: the two ferry runs of a group always run back to back (which one
+goes first alternates, and the reference runs before the pair in two rounds of four, after it in
+the other two), and the column is the median over rounds of each round's ratio. Before, this
+script divided the median of one server's rounds by the other's, under a rotation that put the
+auth run right after the open one and the open one right after the reference in nearly every
+group: runs made minutes apart, under different load, each always in the same place.
+Beside it, `srv us/op` is the server process's CPU time per operation (from /proc, as regbench
+reports it), which moves far less with the machine's load than throughput does, and `+auth` what
+auth adds to it. Run by hand:
 
     .venv/bin/python bench/registry.py                 # the full run (minutes)
     .venv/bin/python bench/registry.py --big-mib 128   # quicker; other regbench flags pass through
-    .venv/bin/python bench/registry.py --rounds 1      # one pass: quickest, and noisiest
+    .venv/bin/python bench/registry.py --rounds 2      # quicker, and noisier
 """
 
 from __future__ import annotations
@@ -124,25 +133,44 @@ def _ratio(mine: float | None, theirs: float | None) -> str:
     return f"{mine / theirs:6.2f}x" if mine and theirs else "      -"
 
 
-def print_side_by_side(ferry: dict, reference: dict, auth: dict | None = None) -> None:
+def _key(row: dict) -> str:
+    """The figure a row is compared by: MiB/s for bulk transfers, ops/s for the rest."""
+    bulk = row.get("mib_s") is not None and not row["name"].startswith("small")
+    return "mib_s" if bulk else "ops_s"
+
+
+def _cpu_per_op(row: dict) -> float | None:
+    """The server's CPU microseconds per operation, or None without a reading."""
+    cpu, ops = row.get("server_cpu_s"), row.get("ops")
+    return cpu / ops * 1e6 if cpu is not None and ops else None
+
+
+def print_side_by_side(ferry: dict, reference: dict, auth: dict | None = None,
+                       paired: dict[str, float | None] | None = None) -> None:
     ref_rows = {row["name"]: row for row in reference["summary"]}
     auth_rows = {row["name"]: row for row in (auth or {"summary": []})["summary"]}
     header = f"{'phase':34} {'ferry':>10} {'reference':>10} {'unit':>6} {'ratio':>7}"
     if auth is not None:
-        header += f" {'ferry+auth':>10} {'auth/open':>9} {'auth/ref':>8}"
+        header += (f" {'ferry+auth':>10} {'auth/open':>9} {'auth/ref':>8}"
+                   f" {'srv us/op':>9} {'+auth':>6}")
     print(header)
     print("-" * len(header))
     for row in ferry["summary"]:
         ref = ref_rows.get(row["name"], {})
-        bulk = row["mib_s"] is not None and not row["name"].startswith("small")
-        unit = "MiB/s" if bulk else "ops/s"
-        key = "mib_s" if unit == "MiB/s" else "ops_s"
+        key = _key(row)
+        unit = "MiB/s" if key == "mib_s" else "ops/s"
         mine, theirs = row.get(key), ref.get(key)
         line = f"{row['name']:34} {mine or 0:10.1f} {theirs or 0:10.1f} {unit:>6} "
         line += _ratio(mine, theirs)
         if auth is not None:
-            authed = auth_rows.get(row["name"], {}).get(key)
-            line += f" {authed or 0:10.1f} {_ratio(authed, mine):>9} {_ratio(authed, theirs):>8}"
+            authed_row = auth_rows.get(row["name"], {})
+            authed = authed_row.get(key)
+            pair = (paired or {}).get(row["name"])
+            line += f" {authed or 0:10.1f} {f'{pair:6.2f}x' if pair else '      -':>9}"
+            line += f" {_ratio(authed, theirs):>8}"
+            open_cpu, auth_cpu = _cpu_per_op(row), _cpu_per_op(authed_row)
+            if open_cpu and auth_cpu:
+                line += f" {open_cpu:9.0f} {(auth_cpu / open_cpu - 1) * 100:+5.0f}%"
         print(line)
 
 
@@ -155,27 +183,44 @@ def median_summary(rounds: list[list[dict]]) -> dict:
     summary = []
     for rows in by_name.values():
         merged = dict(rows[0])
-        for key in ("mib_s", "ops_s"):
+        for key in ("mib_s", "ops_s", "server_cpu_s"):
             values = [row[key] for row in rows if row.get(key) is not None]
             merged[key] = statistics.median(values) if values else None
         summary.append(merged)
     return {"summary": summary}
 
 
-def print_auth_rounds(ferry: list[list[dict]], auth: list[list[dict]]) -> None:
-    """auth/open in each round (the two ran in the same round), to show the spread behind the
-    medians."""
-    heads = " ".join(f"{f'r{i + 1}':>7}" for i in range(len(ferry)))
+def round_ratios(ferry: list[list[dict]], auth: list[list[dict]]) -> dict[str, list[float]]:
+    """auth/open of every phase in every round (the two ran back to back in each)."""
+    ratios: dict[str, list[float]] = {}
+    for mine, theirs in zip(auth, ferry, strict=True):
+        authed = {r["name"]: r for r in mine}
+        for row in theirs:
+            key = _key(row)
+            a, o = authed.get(row["name"], {}).get(key), row.get(key)
+            if a and o:
+                ratios.setdefault(row["name"], []).append(a / o)
+    return ratios
+
+
+def print_auth_rounds(ratios: dict[str, list[float]]) -> None:
+    """auth/open in each round, to show the spread behind the medians."""
+    rounds = max((len(r) for r in ratios.values()), default=0)
+    heads = " ".join(f"{f'r{i + 1}':>7}" for i in range(rounds))
     print(f"\n{'auth/open per round':34} {heads}")
-    for row in ferry[0]:
-        ratios = []
-        for mine, theirs in zip(auth, ferry, strict=True):
-            a = {r["name"]: r for r in mine}.get(row["name"], {})
-            o = {r["name"]: r for r in theirs}.get(row["name"], {})
-            key = "mib_s" if o.get("mib_s") is not None and not row["name"].startswith("small") \
-                else "ops_s"
-            ratios.append(_ratio(a.get(key), o.get(key)))
-        print(f"{row['name']:34} " + " ".join(ratios))
+    for name, values in ratios.items():
+        print(f"{name:34} " + " ".join(f"{v:6.2f}x" for v in values))
+
+
+def round_order(labels: list[str], turn: int) -> list[str]:
+    """The servers' order in round `turn`: the two ferry runs adjacent, which goes first
+    alternating, and the reference before the pair or after it (a balanced 4-round cycle:
+    each ferry run is first of the pair twice and next to the reference twice)."""
+    pair = [label for label in labels if label.startswith("ferry")]
+    others = [label for label in labels if not label.startswith("ferry")]
+    if turn % 2 == 1:
+        pair.reverse()
+    return others + pair if (turn // 2 + turn) % 2 == 0 else pair + others
 
 
 # Phases that feed each other run in one regbench call: pull reads the blob big pushed, head
@@ -190,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", default=";".join(GROUPS),
                         help="';'-separated regbench phase groups, each run against both "
                         "registries in turn (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="passes over every group and server, order rotated each pass; "
-                        "the table shows medians (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="passes over every group and server, order changed each pass; "
+                        "the table shows medians (default: %(default)s, one full cycle of "
+                        "orders)")
     parser.add_argument("--keep", action="store_true", help="keep the temp directories")
     parser.add_argument("--no-auth-run", action="store_true",
                         help="skip the authenticated ferry (token flow) run")
@@ -213,11 +259,11 @@ def main(argv: list[str] | None = None) -> int:
             servers[label] = (proc, f"http://127.0.0.1:{port}")
             wait_ready(servers[label][1], proc)
         # Group by group, every server in turn, so a burst of load on this shared machine hits
-        # them alike; the order rotates each round so none always runs first or last.
+        # them alike; the order changes each round so none always runs first or last.
         labels = list(servers)
         rounds: dict[str, list[list[dict]]] = {label: [] for label in labels}
         for turn in range(max(1, args.rounds)):
-            order = labels[turn % len(labels):] + labels[:turn % len(labels)]
+            order = round_order(labels, turn)
             for label in labels:
                 rounds[label].append([])
             for number, group in enumerate(args.groups.split(";")):
@@ -231,9 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         results = {label: median_summary(rows) for label, rows in rounds.items()}
         print()
         print(f"medians of {max(1, args.rounds)} round(s); load average {os.getloadavg()}")
-        print_side_by_side(results["ferry"], results["reference"], results.get("ferry+auth"))
-        if "ferry+auth" in rounds:
-            print_auth_rounds(rounds["ferry"], rounds["ferry+auth"])
+        ratios = (round_ratios(rounds["ferry"], rounds["ferry+auth"])
+                  if "ferry+auth" in rounds else {})
+        paired = {name: statistics.median(values) for name, values in ratios.items()}
+        print_side_by_side(results["ferry"], results["reference"], results.get("ferry+auth"),
+                           paired)
+        if ratios:
+            print_auth_rounds(ratios)
     finally:
         for proc, _ in servers.values():
             proc.terminate()

@@ -72,8 +72,8 @@ class UploadSlots:
 
     def full(self, client: str) -> bool:
         sessions = self._open.get(client)
-        if not sessions:
-            return False
+        if not sessions or len(sessions) < self.limit:
+            return False  # below the cap even counting stale ones: no need to look at them
         now = time.monotonic()
         for upload_id in [u for u, t in sessions.items() if now - t > self.ttl]:
             del sessions[upload_id]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import parse_qsl
 
-from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from registry.service.auth.audit import AuditLog
@@ -101,6 +101,11 @@ class AccessMiddleware:
 
 
 def _digest_param(scope: Scope) -> str | None:
-    if b"digest=" not in scope.get("query_string", b""):
+    query: bytes = scope.get("query_string", b"")
+    if b"digest=" not in query:
         return None  # most requests: skip parsing the query
-    return (HTTPConnection(scope).query_params.get("digest") or "")[:100] or None
+    # what Starlette's query_params would give, without building a Request for it
+    for name, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if name == "digest":
+            return value[:100] or None
+    return None

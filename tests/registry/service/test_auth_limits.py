@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from registry.service.auth.limits import LimitSettings, RequestBuckets
+from registry.service.auth.limits import LimitSettings, RequestBuckets, UploadSlots
 
 from .auth_fixtures import basic, get_token, serve_auth_registry, write_auth_file
 
@@ -53,3 +53,18 @@ def test_the_bucket_refills_at_its_rate() -> None:
     assert buckets.take("c", now=0.0) == 0.5
     assert buckets.take("c", now=0.5) == 0
     assert buckets.take("other", now=0.5) == 0
+
+
+def test_upload_slots_count_only_live_sessions_at_the_cap() -> None:
+    """Below the cap the sessions are not scanned; at it, those older than the ttl stop
+    counting, so an abandoned upload frees its slot."""
+    slots = UploadSlots(limit=2, ttl=60.0)
+    slots.opened("c", "u1")
+    assert not slots.full("c")
+    slots.opened("c", "u2")
+    assert slots.full("c")
+    slots._open["c"]["u1"] -= 120.0  # u1 abandoned two minutes ago
+    assert not slots.full("c")
+    assert list(slots._open["c"]) == ["u2"]
+    slots.closed("c", "u2")
+    assert not slots.full("c") and "c" not in slots._open
