@@ -20,7 +20,7 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -75,7 +75,8 @@ class BlobWriter:
     """
 
     def __init__(self, blobs_dir: Path, expected: Digest | None = None,
-                 expected_size: int | None = None) -> None:
+                 expected_size: int | None = None,
+                 on_written: Callable[[int], None] | None = None) -> None:
         self.blobs_dir = blobs_dir
         self.expected = expected
         self.expected_size = expected_size
@@ -87,6 +88,12 @@ class BlobWriter:
         self._synced = 0
         self._syncer: ThreadPoolExecutor | None = None
         self._syncing: Future[None] | None = None
+        self._on_written = on_written
+
+    def reserve(self, size: int) -> None:
+        """Extend the temp file to `size` bytes (sparse) before they arrive, so a reader may map
+        the whole file while it fills (create quantizes an upload as it streams in)."""
+        self._fh.truncate(size)
 
     @property
     def done(self) -> bool:
@@ -98,6 +105,9 @@ class BlobWriter:
         self._fh.write(chunk)
         if self.hasher.size - self._synced >= _SYNC_EVERY:
             self._sync_in_background()
+        if self._on_written is not None:  # someone reads the temp file as it fills
+            self._fh.flush()
+            self._on_written(self.hasher.size)
 
     def _sync_in_background(self) -> None:
         if self._syncing is not None and not self._syncing.done():
@@ -114,8 +124,12 @@ class BlobWriter:
             self._syncer.shutdown(wait=True)
             self._syncer = None
 
-    def commit(self) -> Digest:
-        """Verify size and digest, fsync, and rename to the blob's final name."""
+    def commit(self, expected: Digest | None = None) -> Digest:
+        """Verify size and digest, fsync, and rename to the blob's final name. `expected`, when
+        given, is the digest the bytes must have (a client that hashed while sending knows it
+        only at the end)."""
+        if expected is not None:
+            self.expected = expected
         try:
             self._fh.flush()
             self._stop_syncing()
@@ -148,7 +162,17 @@ class BlobWriter:
             return self.commit()
 
     async def write_stream(self, stream: AsyncIterable[bytes]) -> Digest:
-        """Write an async stream off the event loop, then commit.
+        """Write an async stream off the event loop, then commit."""
+        try:
+            await self.receive(stream)
+            return await asyncio.to_thread(self.commit)
+        finally:
+            if not self._done:
+                await asyncio.to_thread(self.abort)
+
+    async def receive(self, stream: AsyncIterable[bytes]) -> None:
+        """Write an async stream off the event loop, without committing; on any failure the
+        temp file is removed.
 
         Double-buffered: while a worker thread hashes and writes one batch, the loop receives
         the next, so a fast upload is bounded by the slower of the two, not their sum. Writes
@@ -172,13 +196,13 @@ class BlobWriter:
                 in_flight = None
             if pending:
                 await asyncio.to_thread(self.write, b"".join(pending))
-            return await asyncio.to_thread(self.commit)
-        finally:
+        except BaseException:
             if in_flight is not None:
                 # The thread cannot be interrupted: let it finish before the file is removed.
                 await asyncio.gather(in_flight, return_exceptions=True)
             if not self._done:
                 await asyncio.to_thread(self.abort)
+            raise
 
     def __enter__(self) -> BlobWriter:
         return self
