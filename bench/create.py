@@ -33,7 +33,9 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-MAKE_CHECKPOINT = REPO.parent / "shared" / "fixtures" / "make_checkpoint.py"
+# A worktree has `shared` as a link inside it; the main checkout has it beside.
+SHARED = REPO / "shared" if (REPO / "shared").is_dir() else REPO.parent / "shared"
+MAKE_CHECKPOINT = SHARED / "fixtures" / "make_checkpoint.py"
 PYTHON = sys.executable
 MLX_LM_ARGS = {
     "int4": ["--q-bits", "4", "--q-group-size", "64"],
