@@ -55,7 +55,11 @@ class Upload:
         self.last_activity = time.monotonic()
         self._cond = threading.Condition()
         self.writer = BlobWriter(blobs_dir, expected_size=size, on_written=self._written)
-        self.writer.reserve(size)
+        try:
+            self.writer.reserve(size)
+        except OSError as exc:  # e.g. larger than the filesystem allows
+            self.writer.abort()
+            raise UploadFailed(f"cannot hold {size} bytes: {exc.strerror}") from None
 
     @property
     def path(self) -> Path:

@@ -28,8 +28,9 @@ SHARD = "model.safetensors"
 
 
 @pytest.fixture
-def cli_env(model_server, monkeypatch):
+def cli_env(model_server, settings, monkeypatch):
     monkeypatch.setenv("FERRY_HOST", model_server.removeprefix("http://"))
+    monkeypatch.setenv("FERRY_HOME", str(settings.home))  # the CLI's digest cache goes there
     return model_server
 
 
@@ -190,9 +191,27 @@ def test_sessions_are_refused_where_they_do_not_belong(model_server, store, make
         response = httpx.post(f"{model_server}/api/create", json=body)
         assert response.status_code == 400 and message in response.json()["error"]
     assert httpx.post(f"{model_server}/api/uploads", json={"size": -1}).status_code == 400
+    huge = httpx.post(f"{model_server}/api/uploads", json={"size": 2**62})
+    assert huge.status_code == 400 and "cannot hold" in huge.json()["error"]
     assert httpx.patch(f"{model_server}/api/uploads/nope", content=b"x").status_code == 404
     # More bytes than declared: refused, and the session is gone with its temp file.
     assert httpx.patch(f"{model_server}/api/uploads/{upload_id}",
                        content=b"x" * 11).status_code == 400
     assert httpx.delete(f"{model_server}/api/uploads/{upload_id}").status_code == 204
     assert _temp_files(store) == []
+
+
+def test_cli_falls_back_to_blobs_on_a_server_without_sessions(settings, store, make_checkpoint,
+                                                              tmp_path, monkeypatch, capsys):
+    app = build_model_server(settings)  # as Ollama (or an older ferry) answers: no /api/uploads
+    app.router.routes = [r for r in app.router.routes
+                         if not getattr(r, "path", "").startswith("/api/uploads")]
+    ckpt = make_checkpoint("llama")
+    (tmp_path / "Modelfile").write_text(f"FROM {ckpt}\n")
+    with serve_app(app) as url:
+        monkeypatch.setenv("FERRY_HOST", url.removeprefix("http://"))
+        monkeypatch.setenv("FERRY_HOME", str(settings.home))
+        assert main(["create", "me/plain", "-f", str(tmp_path / "Modelfile"), "-q", "int4"]) == 0
+        assert "uploaded model.safetensors" in capsys.readouterr().err
+        _sequential_create(url, store, ckpt, "me/seq", "int4")
+    assert _manifest(store, "me/plain") == _manifest(store, "me/seq")
