@@ -66,6 +66,21 @@ def adopt_blob(blobs_dir: Path, path: Path, digest: Digest, sync_dir: bool = Tru
     return final
 
 
+def reserve_temp(blobs_dir: Path, size: int) -> Path:
+    """A new temp file in `blobs_dir`, `size` bytes long (sparse) before its bytes arrive, so a
+    reader may map the whole file while it fills (create quantizes an upload as it streams in);
+    `BlobWriter(..., reserved=path)` fills it."""
+    blobs_dir.mkdir(parents=True, exist_ok=True)
+    path = temp_path(blobs_dir)
+    try:
+        with open(path, "xb") as fh:
+            fh.truncate(size)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
 class BlobWriter:
     """Stream bytes into a temp file in `blobs/`, hashing as they arrive; publish on commit.
 
@@ -76,24 +91,23 @@ class BlobWriter:
 
     def __init__(self, blobs_dir: Path, expected: Digest | None = None,
                  expected_size: int | None = None,
-                 on_written: Callable[[int], None] | None = None) -> None:
+                 on_written: Callable[[int], None] | None = None,
+                 reserved: Path | None = None) -> None:
+        """`reserved`: a temp file in `blobs_dir` made by `reserve_temp`, written from its start
+        without shrinking it (readers may already hold it at its full size)."""
         self.blobs_dir = blobs_dir
         self.expected = expected
         self.expected_size = expected_size
         self.hasher = Hasher()
         blobs_dir.mkdir(parents=True, exist_ok=True)
-        self.tmp_path = temp_path(blobs_dir)
-        self._fh = open(self.tmp_path, "wb")  # noqa: SIM115 - closed in commit/abort
+        self.tmp_path = reserved or temp_path(blobs_dir)
+        # Closed in commit/abort.
+        self._fh = open(self.tmp_path, "r+b" if reserved else "wb")  # noqa: SIM115
         self._done = False
         self._synced = 0
         self._syncer: ThreadPoolExecutor | None = None
         self._syncing: Future[None] | None = None
         self._on_written = on_written
-
-    def reserve(self, size: int) -> None:
-        """Extend the temp file to `size` bytes (sparse) before they arrive, so a reader may map
-        the whole file while it fills (create quantizes an upload as it streams in)."""
-        self._fh.truncate(size)
 
     @property
     def done(self) -> bool:

@@ -24,12 +24,12 @@ from collections.abc import AsyncIterable, Callable
 from pathlib import Path
 from typing import Protocol
 
-from registry.blob_writer import BlobWriter
+from registry.blob_writer import BlobWriter, reserve_temp
 from registry.digests import Digest
 from registry.errors import FerryError
 
 UPLOAD_REF_PREFIX = "upload:"
-MAX_OPEN_UPLOADS = 64
+MAX_OPEN_UPLOADS = 1024  # a create names at most max_create_files (1024) files
 _POLL_SECONDS = 0.2
 
 
@@ -51,20 +51,15 @@ class Upload:
         self.received = 0
         self.digest: Digest | None = None
         self.error: str | None = None
-        self.receiving = False
+        self.busy = False  # a request owns the file (sending or committing it)
         self.last_activity = time.monotonic()
         self._cond = threading.Condition()
-        self.writer = BlobWriter(blobs_dir, expected_size=size, on_written=self._written)
+        self._blobs_dir = blobs_dir
+        self._writer: BlobWriter | None = None  # open only while a request sends the bytes
         try:
-            self.writer.reserve(size)
+            self.path = reserve_temp(blobs_dir, size)  # a create links it into its staging dir
         except OSError as exc:  # e.g. larger than the filesystem allows
-            self.writer.abort()
             raise UploadFailed(f"cannot hold {size} bytes: {exc.strerror}") from None
-
-    @property
-    def path(self) -> Path:
-        """The temp file the bytes land in (a create links it into its staging dir)."""
-        return self.writer.tmp_path
 
     @property
     def finished(self) -> bool:
@@ -81,17 +76,19 @@ class Upload:
     async def receive(self, stream: AsyncIterable[bytes]) -> None:
         """The body of the one request that sends the bytes; fails the session on any error."""
         with self._cond:
-            if self.receiving or self.finished or self.received:
+            if self.busy or self.finished or self._writer is not None:
                 raise UploadFailed(f"upload {self.id} already received its bytes")
-            self.receiving = True
+            self.busy = True
         try:
-            await self.writer.receive(_at_most(stream, self.size))
+            self._writer = BlobWriter(self._blobs_dir, expected_size=self.size,
+                                      on_written=self._written, reserved=self.path)
+            await self._writer.receive(_at_most(stream, self.size))
         except BaseException as exc:
             self.fail(_reason(exc))
             raise
         finally:
             with self._cond:
-                self.receiving = False
+                self.busy = False
         if self.received != self.size:
             self.fail(f"got {self.received} of {self.size} bytes")
             raise UploadFailed(f"upload {self.id}: got {self.received} of {self.size} bytes")
@@ -99,15 +96,20 @@ class Upload:
     def commit(self, digest: Digest) -> Digest:
         """Verify the bytes against the digest the client computed; publish them as that blob."""
         with self._cond:
-            if self.receiving or self.received != self.size or self.finished:
+            if (self.busy or self._writer is None or self.received != self.size
+                    or self.finished):
                 raise UploadFailed(f"upload {self.id} is not complete"
                                    + (f": {self.error}" if self.error else ""))
+            self.busy = True
         try:
-            actual = self.writer.commit(digest)
-        except FerryError as exc:
-            self.fail(exc.message)
+            actual = self._writer.commit(digest)  # removes the temp file if it raises
+        except BaseException as exc:
+            with self._cond:
+                self.busy = False
+            self.fail(_reason(exc))
             raise
         with self._cond:
+            self.busy = False
             self.digest = actual
             self._cond.notify_all()
         return actual
@@ -120,9 +122,13 @@ class Upload:
                 return
             self.error = reason
             self._cond.notify_all()
-            receiving = self.receiving
-        if not receiving:
-            self.writer.abort()
+            busy = self.busy
+        if busy:
+            return
+        if self._writer is not None:
+            self._writer.abort()
+        else:
+            self.path.unlink(missing_ok=True)
 
     def wait_for(self, end: int, cancel: Cancel) -> None:
         """Block until the first `end` bytes are in the file; raises if the session fails,
@@ -166,7 +172,7 @@ class Uploads:
         """A new session for `size` bytes; abandoned ones are swept first."""
         self.sweep()
         with self._lock:
-            if len(self._sessions) >= self.max_open:
+            if sum(not u.finished for u in self._sessions.values()) >= self.max_open:
                 raise UploadFailed(f"too many open uploads (at most {self.max_open})")
             upload = Upload(secrets.token_hex(16), size, self.blobs_dir, self.stall_seconds)
             self._sessions[upload.id] = upload
@@ -184,7 +190,7 @@ class Uploads:
             sessions = list(self._sessions.values())
         for upload in sessions:
             idle = now - upload.last_activity > self.stall_seconds
-            if not upload.finished and idle and not upload.receiving:
+            if not upload.finished and idle and not upload.busy:
                 upload.fail(f"no bytes arrived for {self.stall_seconds:g} s")
             if upload.finished and (upload.error or idle):
                 with self._lock:
