@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,12 +22,13 @@ from ferry.config import Settings
 from registry.digests import Digest
 from registry.names import Name
 from registry.store import Store
-from registry.uploads import Uploads
+from registry.uploads import Upload, Uploads
 from tests.conftest import serve_app
 
 from .helpers import stage_tree, upload_dir
 
 SHARD = "model.safetensors"
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -215,3 +219,36 @@ def test_cli_falls_back_to_blobs_on_a_server_without_sessions(settings, store, m
         assert "uploaded model.safetensors" in capsys.readouterr().err
         _sequential_create(url, store, ckpt, "me/seq", "int4")
     assert _manifest(store, "me/plain") == _manifest(store, "me/seq")
+
+
+def test_a_killed_cli_leaves_no_manifest_and_no_temp_files(settings, store, wide_checkpoint,
+                                                           tmp_path, monkeypatch):
+    """SIGKILL a real `ferry create` while its shard is half sent."""
+    written = Upload._written
+
+    def slow(self: Upload, total: int) -> None:
+        time.sleep(0.05)  # 4 MiB at a time: the ~66 MB shard takes about a second to arrive
+        written(self, total)
+
+    monkeypatch.setattr(Upload, "_written", slow)
+    app = build_model_server(settings)
+    (tmp_path / "Modelfile").write_text(f"FROM {wide_checkpoint}\n")
+    with serve_app(app) as url:
+        env = {**os.environ, "FERRY_HOST": url.removeprefix("http://"),
+               "FERRY_HOME": str(settings.home), "PYTHONPATH": str(REPO)}
+        cli = subprocess.Popen([sys.executable, "-m", "ferry.cli", "create", "me/killed", "-f",
+                                str(tmp_path / "Modelfile"), "-q", "int4"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not any(u.received for u in list(app.state.uploads._sessions.values())):
+                assert time.monotonic() < deadline and cli.poll() is None
+                time.sleep(0.005)
+        finally:
+            cli.kill()
+            cli.wait()
+        deadline = time.monotonic() + 30
+        while _temp_files(store) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [m.name for m in store.list_models()] == []
+    assert _temp_files(store) == []
