@@ -19,7 +19,7 @@ from registry.service.proxy.config import ProxyConfig
 from registry.service.storage.base import BlobStore
 from registry.store import Store
 from registry.transfer.client import TransferOptions
-from registry.uploads import Uploads
+from registry.upload_sessions import Uploads
 from server import (
     chat_api,
     create_api,

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from registry.digests import Digest
 from registry.names import Name
 from registry.store import Store
-from registry.uploads import Upload, Uploads
+from registry.upload_sessions import Upload, Uploads
 from runner.quant import QuantRuntimeUnavailable, load_mlx
 from server.api_errors import APIError, read_json, require_str
 from server.api_stream import progress_response

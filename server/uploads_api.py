@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from registry.digests import Digest
 from registry.errors import NotFound
-from registry.uploads import Upload, Uploads
+from registry.upload_sessions import Upload, Uploads
 from server.api_errors import APIError, read_json
 
 log = logging.getLogger("ferry.api")

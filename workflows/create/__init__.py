@@ -28,7 +28,7 @@ from registry.errors import NotFound
 from registry.manifests import Descriptor, ModelConfig, build_manifest, parse_manifest
 from registry.names import Name
 from registry.store import Store
-from registry.uploads import Upload
+from registry.upload_sessions import Upload
 from runner.quant import QuantType
 from workflows.create.arrivals import Arrivals
 from workflows.create.config_blob import apply_info, build_config, draft_block
@@ -60,7 +60,7 @@ GGUF_QUANTIZE = ("create-time quantization is only supported for safetensors imp
 class UploadedFiles:
     """A safetensors checkpoint already in the store as blobs, by relative path (the API's
     `files`); create stages it as a directory and removes that afterwards. `pending` are files
-    still being uploaded (sessions, `registry.uploads`): read as they arrive, and verified
+    still being uploaded (sessions, `registry.upload_sessions`): read as they arrive, and verified
     before anything is published."""
 
     files: Mapping[str, Digest]

@@ -1,12 +1,12 @@
 """The files of a create that are still arriving: wait for a byte range, then for the digest.
 
 `ferry create` starts the create while it uploads the checkpoint's safetensors files (each an
-upload session, `registry.uploads`). The staged dir links each session's temp file, reserved at
-its full size, so the inventory and MLX can open it at once; every read of a staged file first
-asks `wait(path, end)` for the bytes it needs (a shard's header, one tensor's range), and the
-plan is written in the order the bytes arrive. Before anything is published, `wait_verified()`
-blocks until every session's bytes matched the digest the client computed: a mismatch, a
-disconnect or a stall fails the create, which then publishes no manifest.
+upload session, `registry.upload_sessions`). The staged dir links each session's temp file,
+reserved at its full size, so the inventory and MLX can open it at once; every read of a staged
+file first asks `wait(path, end)` for the bytes it needs (a shard's header, one tensor's range),
+and the plan is written in the order the bytes arrive. Before anything is published,
+`wait_verified()` blocks until every session's bytes matched the digest the client computed: a
+mismatch, a disconnect or a stall fails the create, which then publishes no manifest.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from registry.digests import Digest
 from registry.store import Store
-from registry.uploads import Upload, UploadFailed
+from registry.upload_sessions import Upload, UploadFailed
 from workflows.create.errors import CreateCancelled, CreateError
 from workflows.create.write import CancelSignal
 

@@ -18,7 +18,7 @@ from typing import Any
 from registry.digests import Digest
 from registry.errors import InvalidDigest
 from registry.store import Store
-from registry.uploads import Upload, Uploads, parse_upload_ref
+from registry.upload_sessions import Upload, Uploads, parse_upload_ref
 from workflows.create.arrivals import link_upload
 from workflows.create.errors import CreateError
 from workflows.create.write import CancelSignal, check_cancel
@@ -71,7 +71,8 @@ def parse_files_map(value: Any, field: str, limit: int,
     """Validate a `files`/`draft_files` map: at most `limit` entries, safe paths, digests.
 
     With `uploads`, a `*.safetensors` file may instead name an upload session in progress
-    (`upload:<id>`, see `registry.uploads`); those come back apart, or as digests once verified.
+    (`upload:<id>`, see `registry.upload_sessions`); those come back apart (as digests once
+    verified).
     """
     if not isinstance(value, dict):
         raise CreateError(f"{field} must be an object mapping paths to digests")

@@ -22,7 +22,7 @@ from ferry.config import Settings
 from registry.digests import Digest
 from registry.names import Name
 from registry.store import Store
-from registry.uploads import Upload, Uploads
+from registry.upload_sessions import Upload, Uploads
 from tests.conftest import serve_app
 
 from .helpers import stage_tree, upload_dir

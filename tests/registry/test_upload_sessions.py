@@ -11,7 +11,7 @@ import pytest
 
 from registry.digests import Digest
 from registry.errors import DigestMismatch
-from registry.uploads import UploadFailed, Uploads
+from registry.upload_sessions import UploadFailed, Uploads
 
 
 async def _body(*parts: bytes) -> AsyncIterator[bytes]:
