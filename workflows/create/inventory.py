@@ -73,7 +73,8 @@ def read_header(path: Path, rel: str, wait: Wait = no_wait) -> dict[str, TensorI
     """Parse and check one safetensors file's header; tensors in data order. `wait` returns
     once a file still being uploaded has its first `end` bytes (its size is known up front)."""
     size = path.stat().st_size
-    with open(path, "rb") as fh:
+    # Unbuffered: a read-ahead must not keep bytes of an upload from before they arrived.
+    with open(path, "rb", buffering=0) as fh:
         wait(path, min(8, size))
         head = fh.read(8)
         if len(head) < 8:
