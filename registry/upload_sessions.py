@@ -41,11 +41,20 @@ class Cancel(Protocol):
     def is_set(self) -> bool: ...
 
 
+class Activity:
+    """When bytes last reached any session of a server."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+
 class Upload:
     """One session: `size` bytes expected, `received` so far, then a digest or an error."""
 
-    def __init__(self, upload_id: str, size: int, blobs_dir: Path, stall_seconds: float) -> None:
+    def __init__(self, upload_id: str, size: int, blobs_dir: Path, stall_seconds: float,
+                 server: Activity | None = None) -> None:
         self.id = upload_id
+        self.server = server or Activity()
         self.size = size
         self.stall_seconds = stall_seconds
         self.received = 0
@@ -68,7 +77,7 @@ class Upload:
     def _written(self, total: int) -> None:
         with self._cond:
             self.received = total
-            self.last_activity = time.monotonic()
+            self.last_activity = self.server.last = time.monotonic()
             self._cond.notify_all()
             if self.error is not None:  # failed meanwhile (a stall): stop the request
                 raise UploadFailed(f"upload {self.id} failed: {self.error}")
@@ -130,6 +139,13 @@ class Upload:
         else:
             self.path.unlink(missing_ok=True)
 
+    def idle_for(self, now: float) -> float:
+        """Seconds without progress. A session not yet sent waits its turn behind the client's
+        other files (sent one at a time): while bytes reach any session, it is not idle."""
+        if self._writer is not None or self.finished:
+            return now - self.last_activity
+        return now - max(self.last_activity, self.server.last)
+
     def wait_for(self, end: int, cancel: Cancel) -> None:
         """Block until the first `end` bytes are in the file; raises if the session fails,
         stalls for `stall_seconds`, or the waiter is cancelled."""
@@ -148,7 +164,7 @@ class Upload:
                     raise UploadFailed(f"the upload failed: {self.error}")
                 if cancel.is_set():
                     raise UploadFailed("cancelled while waiting for the upload")
-                if time.monotonic() - self.last_activity > self.stall_seconds:
+                if self.idle_for(time.monotonic()) > self.stall_seconds:
                     break
                 self._cond.wait(_POLL_SECONDS)
             else:
@@ -165,6 +181,7 @@ class Uploads:
         self.blobs_dir = blobs_dir
         self.stall_seconds = stall_seconds
         self.max_open = max_open
+        self.activity = Activity()
         self._sessions: dict[str, Upload] = {}
         self._lock = threading.Lock()
 
@@ -174,7 +191,8 @@ class Uploads:
         with self._lock:
             if sum(not u.finished for u in self._sessions.values()) >= self.max_open:
                 raise UploadFailed(f"too many open uploads (at most {self.max_open})")
-            upload = Upload(secrets.token_hex(16), size, self.blobs_dir, self.stall_seconds)
+            upload = Upload(secrets.token_hex(16), size, self.blobs_dir, self.stall_seconds,
+                            self.activity)
             self._sessions[upload.id] = upload
         return upload
 
@@ -189,7 +207,7 @@ class Uploads:
         with self._lock:
             sessions = list(self._sessions.values())
         for upload in sessions:
-            idle = now - upload.last_activity > self.stall_seconds
+            idle = upload.idle_for(now) > self.stall_seconds
             if not upload.finished and idle and not upload.busy:
                 upload.fail(f"no bytes arrived for {self.stall_seconds:g} s")
             if upload.finished and (upload.error or idle):

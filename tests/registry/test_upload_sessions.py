@@ -72,3 +72,21 @@ def test_abandoned_sessions_are_swept_and_only_open_ones_count(tmp_path):
 class _Set:
     def is_set(self) -> bool:
         return True
+
+
+def test_a_session_waiting_its_turn_is_not_stalled_while_another_receives(tmp_path):
+    """The CLI sends its files one after another: the last one's session sits unsent while
+    the others arrive, for longer than the stall limit, and must survive that."""
+    uploads = Uploads(tmp_path, stall_seconds=0.3)
+    first, queued = uploads.start(8 << 22), uploads.start(10)
+
+    async def slow() -> AsyncIterator[bytes]:
+        for _ in range(8):
+            await asyncio.sleep(0.1)  # 0.8 s in all, each piece one write
+            yield b"z" * (4 << 20)
+
+    asyncio.run(first.receive(slow()))
+    uploads.sweep()
+    assert queued.error is None and uploads.get(queued.id) is queued
+    with pytest.raises(UploadFailed, match="no bytes arrived"):
+        queued.wait_for(1, threading.Event())  # nothing arrives anywhere any more
