@@ -252,3 +252,20 @@ def test_a_killed_cli_leaves_no_manifest_and_no_temp_files(settings, store, wide
             time.sleep(0.05)
     assert [m.name for m in store.list_models()] == []
     assert _temp_files(store) == []
+
+
+def test_cli_streams_every_shard_of_a_sharded_checkpoint(cli_env, store, make_checkpoint,
+                                                         tmp_path, monkeypatch):
+    sessions: list[int] = []
+    start = Uploads.start
+    monkeypatch.setattr(Uploads, "start", lambda self, size: sessions.append(size)
+                        or start(self, size))
+    ckpt = make_checkpoint("qwen3", shard_mb=1.0)
+    shards = sorted(ckpt.glob("*.safetensors"))
+    assert len(shards) > 1
+    (tmp_path / "Modelfile").write_text(f"FROM {ckpt}\n")
+    assert main(["create", "me/sharded", "-f", str(tmp_path / "Modelfile"), "-q", "int8"]) == 0
+    assert sorted(sessions) == sorted(p.stat().st_size for p in shards)
+    _sequential_create(cli_env, store, ckpt, "me/seq", "int8")
+    assert _manifest(store, "me/sharded") == _manifest(store, "me/seq")
+    assert _temp_files(store) == []
