@@ -66,14 +66,19 @@ class Arrivals:
         raise CreateError(exc.message, rel) from exc
 
 
-def link_upload(store: Store, upload: Upload, target: Path) -> None:
+def link_upload(store: Store, upload: Upload, target: Path, cancel: CancelSignal) -> None:
     """Link a session's file at `target`: its temp file, or the blob once it was verified."""
-    for _ in range(2):  # the temp file may be renamed to its blob name between the two tries
-        source = store.blob_path(upload.digest) if upload.digest else upload.path
+    if upload.digest is None:
         try:
-            os.link(source, target)
+            os.link(upload.path, target)
             return
         except FileNotFoundError:
-            if upload.error is not None:
-                raise CreateError(f"the upload failed: {upload.error}") from None
-    raise CreateError("the upload's file vanished while being staged")
+            pass  # renamed to its blob name (being committed) or removed (failed): wait to know
+        try:
+            upload.wait_verified(cancel)
+        except UploadFailed as exc:
+            if cancel.is_set():
+                raise CreateCancelled("create cancelled") from exc
+            raise CreateError(exc.message) from exc
+    assert upload.digest is not None
+    os.link(store.blob_path(upload.digest), target)

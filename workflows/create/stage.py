@@ -153,7 +153,7 @@ def staged_dir(store: Store, files: Mapping[str, Digest], cancel: CancelSignal,
         for rel, upload in (pending or {}).items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             try:
-                link_upload(store, upload, root / rel)
+                link_upload(store, upload, root / rel, cancel)
             except OSError as exc:
                 raise CreateError(f"file {rel!r} cannot be staged: "
                                   f"{exc.strerror or type(exc).__name__}") from None

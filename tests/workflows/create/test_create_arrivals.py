@@ -9,11 +9,14 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from registry import blob_writer
 from registry.digests import Digest
 from registry.names import Name
+from registry.store import Store
 from registry.upload_sessions import Uploads
 from runner.quant import parse_quant_type
 from workflows.create import CreateOptions, UploadedFiles, create
+from workflows.create.arrivals import link_upload
 from workflows.create.inventory import read_header
 
 from .helpers import upload_dir
@@ -80,3 +83,31 @@ def test_create_quantizes_a_shard_as_it_arrives(store, wide_checkpoint):
     assert any(received < len(data) for _, received in progress)
     assert store.has_blob(Digest.parse(stored[SHARD]))
     assert sorted(store.blobs_dir.glob(".tmp-*")) == []
+
+
+def test_staging_a_session_in_the_middle_of_its_commit_links_the_blob(tmp_path, monkeypatch):
+    """The temp file is renamed to its blob name a moment before the session knows its digest."""
+    store = Store(tmp_path / "models")
+    upload = Uploads(store.blobs_dir, stall_seconds=30).start(4)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"abcd"
+
+    asyncio.run(upload.receive(body()))
+    renamed = threading.Event()
+    adopt = blob_writer.adopt_blob
+
+    def slow_adopt(*args, **kwargs):
+        path = adopt(*args, **kwargs)
+        renamed.set()
+        time.sleep(0.3)
+        return path
+
+    monkeypatch.setattr(blob_writer, "adopt_blob", slow_adopt)
+    commit = threading.Thread(target=upload.commit,
+                              args=(Digest.parse("sha256:" + hashlib.sha256(b"abcd").hexdigest()),))
+    commit.start()
+    assert renamed.wait(10) and upload.digest is None
+    link_upload(store, upload, tmp_path / SHARD, threading.Event())
+    commit.join()
+    assert (tmp_path / SHARD).read_bytes() == b"abcd"
