@@ -294,20 +294,23 @@ class StreamedUploads:
             raise CLIError(f"uploading failed: {error}") from error
 
     def _run(self) -> None:
-        current = ""
+        sent = 0
         try:
             for upload_id, (_key, path) in self.streams:
                 if self._stop.is_set():
-                    return
-                current = upload_id
+                    break
                 self._send(upload_id, path)
+                sent += 1
         except BaseException as exc:  # reported by raise_error in the main thread
             if not self._stop.is_set():
                 self._error = exc
-            # The server drops a cut body by itself; a failure after it needs saying, so the
-            # create waiting for this file fails now instead of after its stall timeout.
-            with contextlib.suppress(httpx.HTTPError):
-                self._http.delete(f"/api/uploads/{current}")
+        if sent < len(self.streams):
+            # Abandon the sessions left (the server drops a cut body by itself, but not a body
+            # that failed after it was through, nor files not yet sent), so a create waiting
+            # for them fails now, not after its stall timeout, and their temp files go.
+            for upload_id, _ in self.streams[sent:]:
+                with contextlib.suppress(httpx.HTTPError):
+                    self._http.delete(f"/api/uploads/{upload_id}")
 
     def _send(self, upload_id: str, path: Path) -> None:
         size = path.stat().st_size

@@ -269,3 +269,15 @@ def test_cli_streams_every_shard_of_a_sharded_checkpoint(cli_env, store, make_ch
     _sequential_create(cli_env, store, ckpt, "me/seq", "int8")
     assert _manifest(store, "me/sharded") == _manifest(store, "me/seq")
     assert _temp_files(store) == []
+
+
+def test_a_refused_create_abandons_its_sessions(cli_env, store, make_checkpoint, tmp_path,
+                                                capsys):
+    ckpt = make_checkpoint("qwen3", shard_mb=1.0)
+    (tmp_path / "Modelfile").write_text(f"FROM {ckpt}\n")
+    assert main(["create", "me/bad", "-f", str(tmp_path / "Modelfile"), "-q", "int3"]) == 1
+    assert "int3" in capsys.readouterr().err
+    deadline = time.monotonic() + 10
+    while _temp_files(store) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _temp_files(store) == [] and store.list_models() == []
