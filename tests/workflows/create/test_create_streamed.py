@@ -272,7 +272,14 @@ def test_cli_streams_every_shard_of_a_sharded_checkpoint(cli_env, store, make_ch
 
 
 def test_a_refused_create_abandons_its_sessions(cli_env, store, make_checkpoint, tmp_path,
-                                                capsys):
+                                                capsys, monkeypatch):
+    written = Upload._written
+
+    def slow(self: Upload, total: int) -> None:
+        time.sleep(0.3)  # the refusal comes while the first shard is still on its way
+        written(self, total)
+
+    monkeypatch.setattr(Upload, "_written", slow)
     ckpt = make_checkpoint("qwen3", shard_mb=1.0)
     (tmp_path / "Modelfile").write_text(f"FROM {ckpt}\n")
     assert main(["create", "me/bad", "-f", str(tmp_path / "Modelfile"), "-q", "int3"]) == 1
