@@ -4,10 +4,13 @@
     .venv/bin/python bench/create.py [--preset medium] [--arch llama] [--types int4,int8,...]
 
 For each quantize type, a fresh `ferry serve` (own FERRY_HOME) runs, and the `ferry create`
-CLI hashes and uploads the checkpoint and asks the server to quantize it. Measured: the CLI's
-wall time (upload included), the server's peak RSS during the create (sampled every 10 ms) and
-the CLI's; then, for a breakdown, the same create again under another name (every blob is on the
-server now, so nothing is uploaded: "no upload") and the time to hash the checkpoint ("hash").
+CLI uploads the checkpoint and asks the server to quantize it (the safetensors files stream to
+upload sessions, hashed as they are sent, while the server already quantizes what arrived).
+Measured: the CLI's wall time (upload included), the server's peak RSS during the create
+(sampled every 10 ms) and the CLI's; then, for a breakdown, the same create again under another
+name (every blob is on the server now and the CLI's digest cache knows the files, so nothing is
+hashed or uploaded: "no upload") and the time a separate hash pass over the checkpoint would
+take ("hash").
 mlx-lm runs `mlx_lm.convert` on the same checkpoint (affine int4/int8 with group size 64, or
 the fp modes); its wall time and peak RSS (the whole process: it loads the model) are sampled
 the same way. The machine may be shared, so each pair runs `--repeat` times, alternating, with
@@ -33,7 +36,9 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-MAKE_CHECKPOINT = REPO.parent / "shared" / "fixtures" / "make_checkpoint.py"
+# A worktree has `shared` as a link inside it; the main checkout has it beside.
+SHARED = REPO / "shared" if (REPO / "shared").is_dir() else REPO.parent / "shared"
+MAKE_CHECKPOINT = SHARED / "fixtures" / "make_checkpoint.py"
 PYTHON = sys.executable
 MLX_LM_ARGS = {
     "int4": ["--q-bits", "4", "--q-group-size", "64"],

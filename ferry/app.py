@@ -19,6 +19,7 @@ from registry.service.proxy.config import ProxyConfig
 from registry.service.storage.base import BlobStore
 from registry.store import Store
 from registry.transfer.client import TransferOptions
+from registry.upload_sessions import Uploads
 from server import (
     chat_api,
     create_api,
@@ -27,6 +28,7 @@ from server import (
     openai_api,
     openai_completions,
     transfer_api,
+    uploads_api,
 )
 from server.api_errors import handle_ferry_error
 from server.browser_guard import BrowserGuard
@@ -52,6 +54,7 @@ def build_model_server(settings: Settings, scheduler: Scheduler | None = None,
         *models_api.routes,
         *transfer_api.routes,
         *create_api.routes,
+        *uploads_api.routes,
         *chat_api.routes,
         *openai_api.routes,
         *embed_api.routes,
@@ -80,6 +83,7 @@ def build_model_server(settings: Settings, scheduler: Scheduler | None = None,
     app.state.settings = settings
     app.state.version = __version__
     app.state.store = store
+    app.state.uploads = Uploads(store.blobs_dir, settings.upload_stall_timeout)
     app.state.scheduler = runners
     app.state.transfer_options = transfer or transfer_api.transfer_options(settings)
     return app

@@ -116,6 +116,8 @@ class Settings:
     # create
     max_create_files: int = 1024
     max_metadata_file_bytes: int = 64 * 1024 * 1024
+    # a create fails when a file it reads as it is uploaded gets no bytes for this long
+    upload_stall_timeout: float = 60.0
     # runners
     keep_alive: float = 300.0
     load_timeout: float = 300.0
@@ -191,6 +193,7 @@ class Settings:
             registry_s3_prefix=env.get("FERRY_REGISTRY_S3_PREFIX", "").strip(),
             registry_s3_redirect_ttl=_int(env, "FERRY_REGISTRY_S3_REDIRECT_TTL", 0),
             max_transfer_streams=_int(env, "FERRY_MAX_TRANSFER_STREAMS", 8, minimum=1),
+            upload_stall_timeout=_duration(env, "FERRY_UPLOAD_STALL_TIMEOUT", 60.0),
             keep_alive=_duration(env, "FERRY_KEEP_ALIVE", 300.0),
             load_timeout=_duration(env, "FERRY_LOAD_TIMEOUT", 300.0),
             max_loaded_models=_int(env, "FERRY_MAX_LOADED_MODELS", 3, minimum=1),

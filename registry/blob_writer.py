@@ -20,7 +20,7 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -66,6 +66,21 @@ def adopt_blob(blobs_dir: Path, path: Path, digest: Digest, sync_dir: bool = Tru
     return final
 
 
+def reserve_temp(blobs_dir: Path, size: int) -> Path:
+    """A new temp file in `blobs_dir`, `size` bytes long (sparse) before its bytes arrive, so a
+    reader may map the whole file while it fills (create quantizes an upload as it streams in);
+    `BlobWriter(..., reserved=path)` fills it."""
+    blobs_dir.mkdir(parents=True, exist_ok=True)
+    path = temp_path(blobs_dir)
+    try:
+        with open(path, "xb") as fh:
+            fh.truncate(size)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
 class BlobWriter:
     """Stream bytes into a temp file in `blobs/`, hashing as they arrive; publish on commit.
 
@@ -75,18 +90,24 @@ class BlobWriter:
     """
 
     def __init__(self, blobs_dir: Path, expected: Digest | None = None,
-                 expected_size: int | None = None) -> None:
+                 expected_size: int | None = None,
+                 on_written: Callable[[int], None] | None = None,
+                 reserved: Path | None = None) -> None:
+        """`reserved`: a temp file in `blobs_dir` made by `reserve_temp`, written from its start
+        without shrinking it (readers may already hold it at its full size)."""
         self.blobs_dir = blobs_dir
         self.expected = expected
         self.expected_size = expected_size
         self.hasher = Hasher()
         blobs_dir.mkdir(parents=True, exist_ok=True)
-        self.tmp_path = temp_path(blobs_dir)
-        self._fh = open(self.tmp_path, "wb")  # noqa: SIM115 - closed in commit/abort
+        self.tmp_path = reserved or temp_path(blobs_dir)
+        # Closed in commit/abort.
+        self._fh = open(self.tmp_path, "r+b" if reserved else "wb")  # noqa: SIM115
         self._done = False
         self._synced = 0
         self._syncer: ThreadPoolExecutor | None = None
         self._syncing: Future[None] | None = None
+        self._on_written = on_written
 
     @property
     def done(self) -> bool:
@@ -98,6 +119,9 @@ class BlobWriter:
         self._fh.write(chunk)
         if self.hasher.size - self._synced >= _SYNC_EVERY:
             self._sync_in_background()
+        if self._on_written is not None:  # someone reads the temp file as it fills
+            self._fh.flush()
+            self._on_written(self.hasher.size)
 
     def _sync_in_background(self) -> None:
         if self._syncing is not None and not self._syncing.done():
@@ -114,8 +138,12 @@ class BlobWriter:
             self._syncer.shutdown(wait=True)
             self._syncer = None
 
-    def commit(self) -> Digest:
-        """Verify size and digest, fsync, and rename to the blob's final name."""
+    def commit(self, expected: Digest | None = None) -> Digest:
+        """Verify size and digest, fsync, and rename to the blob's final name. `expected`, when
+        given, is the digest the bytes must have (a client that hashed while sending knows it
+        only at the end)."""
+        if expected is not None:
+            self.expected = expected
         try:
             self._fh.flush()
             self._stop_syncing()
@@ -148,7 +176,17 @@ class BlobWriter:
             return self.commit()
 
     async def write_stream(self, stream: AsyncIterable[bytes]) -> Digest:
-        """Write an async stream off the event loop, then commit.
+        """Write an async stream off the event loop, then commit."""
+        try:
+            await self.receive(stream)
+            return await asyncio.to_thread(self.commit)
+        finally:
+            if not self._done:
+                await asyncio.to_thread(self.abort)
+
+    async def receive(self, stream: AsyncIterable[bytes]) -> None:
+        """Write an async stream off the event loop, without committing; on any failure the
+        temp file is removed.
 
         Double-buffered: while a worker thread hashes and writes one batch, the loop receives
         the next, so a fast upload is bounded by the slower of the two, not their sum. Writes
@@ -172,13 +210,13 @@ class BlobWriter:
                 in_flight = None
             if pending:
                 await asyncio.to_thread(self.write, b"".join(pending))
-            return await asyncio.to_thread(self.commit)
-        finally:
+        except BaseException:
             if in_flight is not None:
                 # The thread cannot be interrupted: let it finish before the file is removed.
                 await asyncio.gather(in_flight, return_exceptions=True)
             if not self._done:
                 await asyncio.to_thread(self.abort)
+            raise
 
     def __enter__(self) -> BlobWriter:
         return self

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from registry.digests import Digest
 from registry.names import Name
 from registry.store import Store
+from registry.upload_sessions import Upload, Uploads
 from runner.quant import QuantRuntimeUnavailable, load_mlx
 from server.api_errors import APIError, read_json, require_str
 from server.api_stream import progress_response
@@ -65,20 +66,23 @@ class CreateRequest:
         return create(self.name, self.source, self.options, store, progress, cancel)
 
 
-def parse_request(data: dict[str, Any], store: Store, limits: CreateLimits) -> CreateRequest:
-    """Validate the body against the store; every problem is a CreateError (400)."""
+def parse_request(data: dict[str, Any], store: Store, limits: CreateLimits,
+                  uploads: Uploads | None = None) -> CreateRequest:
+    """Validate the body against the store; every problem is a CreateError (400). `files` may
+    name upload sessions of `uploads` still in progress (`upload:<id>`)."""
     name = Name.parse_valid(require_str(data, "model", "name"))
     info = parse_info(data.get("info"))
     if data.get("remote_host"):
         raise CreateError("remote models are not supported by ferry")
     if data.get("adapters"):
         raise CreateError("adapters are not supported by ferry's create")
-    files = parse_files_map(data.get("files") or {}, "files", limits.max_create_files)
-    draft_files = parse_files_map(data.get("draft_files") or {}, "draft_files",
-                                  limits.max_create_files)
+    files, pending = parse_files_map(data.get("files") or {}, "files", limits.max_create_files,
+                                     uploads)
+    draft_files, _ = parse_files_map(data.get("draft_files") or {}, "draft_files",
+                                     limits.max_create_files)
     require_blobs(store, {**files, **{f"draft/{k}": v for k, v in draft_files.items()}},
                   limits.max_metadata_file_bytes)
-    source = _source(files, data.get("from"), store)
+    source = _source(files, pending, data.get("from"), store)
     quantize = _optional_str(data, "quantize") or _optional_str(data, "quantization")
     target_q, draft_q = parse_quantize(quantize, _optional_str(data, "draft_quantize"),
                                        bool(draft_files))
@@ -94,12 +98,17 @@ def parse_request(data: dict[str, Any], store: Store, limits: CreateLimits) -> C
     return CreateRequest(name, source, options)
 
 
-def _source(files: dict[str, Digest], base: Any, store: Store) -> Source:
+def _source(files: dict[str, Digest], pending: dict[str, Upload], base: Any,
+            store: Store) -> Source:
     """What the model is made from: uploaded safetensors, GGUF files, or an existing model."""
-    if files:
+    if files or pending:
         if base not in (None, ""):
             raise CreateError("from cannot be combined with files")
-        return GGUFFiles(files) if _file_kind(store, files) else UploadedFiles(files)
+        if pending:  # only *.safetensors files name sessions: a GGUF create is refused below
+            if any(_file_kind(store, files).values()):
+                raise CreateError("mixed model file types are not supported")
+            return UploadedFiles(files, pending)
+        return GGUFFiles(files) if any(_file_kind(store, files).values()) else UploadedFiles(files)
     if base in (None, ""):
         raise CreateError("neither files nor from were given; nothing to create")
     if not isinstance(base, str):
@@ -107,15 +116,15 @@ def _source(files: dict[str, Digest], base: Any, store: Store) -> Source:
     return BaseModel(store.read_manifest(Name.parse_valid(base)))
 
 
-def _file_kind(store: Store, files: dict[str, Digest]) -> bool:
-    """True for a GGUF create; mixing GGUF and safetensors weights is refused."""
+def _file_kind(store: Store, files: dict[str, Digest]) -> dict[str, bool]:
+    """Which files are GGUF; mixing GGUF and safetensors weights is refused."""
     kinds = {rel: is_gguf(store, rel, d) for rel, d in files.items()}
     if any(kinds.values()) and any(rel.endswith(".safetensors") for rel in files):
         raise CreateError("mixed model file types are not supported")
     if any(kinds.values()) and not all(kinds.values()):
         extra = sorted(rel for rel, g in kinds.items() if not g)
         raise CreateError(f"a GGUF create takes only GGUF files; also got {', '.join(extra)}")
-    return any(kinds.values())
+    return kinds
 
 
 def _optional_str(data: dict[str, Any], key: str) -> str | None:
@@ -197,7 +206,8 @@ async def create_model(request: Request) -> Response:
     settings = request.app.state.settings
     store: Store = request.app.state.store
     data = await read_json(request)
-    job = await asyncio.to_thread(parse_request, data, store, settings)
+    job = await asyncio.to_thread(parse_request, data, store, settings,
+                                  getattr(request.app.state, "uploads", None))
     if job.needs_mlx:
         _check_runtime()
     stream = data.get("stream", True) is not False

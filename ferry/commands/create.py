@@ -1,15 +1,22 @@
 """`ferry create NAME [-f Modelfile] [--quantize TYPE] [--draft-quantize TYPE]`.
 
-The heavy work runs in the model server. The CLI parses the Modelfile, hashes each file of the
-FROM (and DRAFT) source, asks `HEAD /api/blobs/<digest>`, uploads only what the server lacks
-(`POST /api/blobs/<digest>`, retried on transient errors), then sends `POST /api/create` with
-the `files`/`draft_files` maps and renders the progress stream.
+The heavy work runs in the model server. The CLI parses the Modelfile; for each metadata file
+of the FROM (and every file of the DRAFT) source it hashes the file, asks `HEAD
+/api/blobs/<digest>` and uploads only what the server lacks (`POST /api/blobs/<digest>`, retried
+on transient errors). The model's safetensors files instead stream to upload sessions (a ferry
+extension, `server/uploads_api.py`), hashed as they are sent, while `POST /api/create` already
+runs: the server quantizes each tensor as its bytes arrive and publishes only after every file
+matched the digest the CLI computed. A local digest cache (`ferry/digest_cache.py`) lets a re-run
+skip files the server already has without hashing them; a server without sessions (Ollama) gets
+the hash-then-upload flow for every file. The CLI renders the create's progress stream.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +28,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColum
 
 from ferry.client import CLIError, ServerClient, error_text
 from ferry.config import Settings
-from registry.digests import Digest, sha256_file
+from ferry.digest_cache import DigestCache
+from registry.digests import Digest, Hasher, sha256_file
 
 if TYPE_CHECKING:
     from workflows.create.modelfile import Modelfile
@@ -157,35 +165,177 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     modelfile, base = load_modelfile(args.file)
     body, uploads = build_request(args, modelfile, base)
     console = Console(stderr=True)
+    cache = DigestCache(settings.home / "cache" / "file-digests.json")
+    timeout = httpx.Timeout(30.0, read=600.0, write=600.0)
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  console=console) as bars:
-        digests = _hash_and_upload(settings, uploads, bars)
+                  console=console) as bars, \
+            httpx.Client(base_url=settings.base_url, timeout=timeout) as http:
+        try:
+            refs, streams = _prepare_uploads(http, uploads, cache, bars)
+        except httpx.ConnectError as exc:
+            raise CLIError(f"could not connect to the ferry server at {settings.base_url};"
+                           " start it with `ferry serve`") from exc
         for field in ("files", "draft_files"):
             if field in body:
                 prefix = "files/" if field == "files" else "draft/"
-                body[field] = {rel: str(digests[prefix + rel]) for rel in body[field]}
-        with ServerClient(settings) as client:
-            _render(client.stream("/api/create", body), bars)
+                body[field] = {rel: refs[prefix + rel] for rel in body[field]}
+        sender = StreamedUploads(settings.base_url, timeout, streams, cache, bars)
+        with sender, ServerClient(settings) as client:
+            try:
+                _render(client.stream("/api/create", body), bars)
+            except CLIError:
+                sender.stop()
+                sender.raise_error()  # the upload's own failure says more than the create's
+                raise
+            sender.raise_error()
     return 0
 
 
-def _hash_and_upload(settings: Settings, uploads: dict[str, Path],
-                     bars: Progress) -> dict[str, Digest]:
-    digests: dict[str, Digest] = {}
-    timeout = httpx.Timeout(30.0, read=600.0, write=600.0)
-    with httpx.Client(base_url=settings.base_url, timeout=timeout) as http:
-        for key, path in uploads.items():
-            digest, size = sha256_file(str(path))
-            digests[key] = digest
-            task = bars.add_task(f"uploading {path.name}", total=size)
-            try:
-                sent = upload_blob(http, digest, path, lambda n, t=task: bars.advance(t, n))
-            except httpx.ConnectError as exc:
-                raise CLIError(f"could not connect to the ferry server at {settings.base_url};"
-                               " start it with `ferry serve`") from exc
-            bars.update(task, completed=size,
-                        description=f"{'uploaded' if sent else 'using existing'} {path.name}")
-    return digests
+def _prepare_uploads(http: httpx.Client, uploads: dict[str, Path], cache: DigestCache,
+                     bars: Progress) -> tuple[dict[str, str], dict[str, tuple[str, Path]]]:
+    """What `/api/create` names each file by: a digest the server has (uploaded here, hashed
+    first, unless the cache knows it), or `upload:<id>` for a safetensors file the server reads
+    as it streams in (sent by `StreamedUploads` while the create runs). Servers without upload
+    sessions (Ollama, older ferry) get everything the first way."""
+    refs: dict[str, str] = {}
+    streams: dict[str, tuple[str, Path]] = {}
+    sessions = True
+    for key, path in sorted(uploads.items(), key=lambda kv: _streamable(kv[0])):
+        if _streamable(key) and sessions:
+            known = cache.get(path)
+            if known is not None and _server_has(http, known):
+                bars.add_task(f"using existing {path.name}", total=1, completed=1)
+                refs[key] = str(known)
+                continue
+            upload_id = _start_session(http, path.stat().st_size)
+            if upload_id is not None:
+                refs[key], streams[upload_id] = f"upload:{upload_id}", (key, path)
+                continue
+            sessions = False
+        refs[key] = str(_hash_and_upload(http, path, cache, bars))
+    return refs, streams
+
+
+def _streamable(key: str) -> bool:
+    """The model's own weights stream; metadata (and a draft's files) go first, as blobs."""
+    return key.startswith("files/") and key.endswith(".safetensors")
+
+
+def _server_has(http: httpx.Client, digest: Digest) -> bool:
+    head = http.head(f"/api/blobs/{digest}")
+    if head.status_code not in (200, 404):
+        raise CLIError(error_text(head))
+    return head.status_code == 200
+
+
+def _start_session(http: httpx.Client, size: int) -> str | None:
+    """An upload session's id; None when the server has no such API (404/405)."""
+    response = http.post("/api/uploads", json={"size": size})
+    if response.status_code in (404, 405):
+        return None
+    if response.status_code != 201:
+        raise CLIError(f"starting an upload: {error_text(response)}")
+    return str(response.json()["id"])
+
+
+def _hash_and_upload(http: httpx.Client, path: Path, cache: DigestCache,
+                     bars: Progress) -> Digest:
+    known = cache.get(path)
+    digest, size = (known, path.stat().st_size) if known else sha256_file(str(path))
+    task = bars.add_task(f"uploading {path.name}", total=size)
+    sent = upload_blob(http, digest, path, lambda n, t=task: bars.advance(t, n))
+    bars.update(task, completed=size,
+                description=f"{'uploaded' if sent else 'using existing'} {path.name}")
+    cache.put(path, digest)
+    return digest
+
+
+class StreamedUploads:
+    """Sends the upload sessions' files, one after another, in a thread while the create runs:
+    each file is hashed as it is read and sent (`PATCH /api/uploads/<id>`), and its digest named
+    when the body is through (`PUT ...?digest=`), which the server checks before it publishes.
+    Files go in path order, the order the server waits for them in."""
+
+    def __init__(self, base_url: str, timeout: httpx.Timeout,
+                 streams: dict[str, tuple[str, Path]], cache: DigestCache,
+                 bars: Progress) -> None:
+        self.streams = sorted(streams.items(), key=lambda kv: kv[1][0])
+        self.cache, self.bars = cache, bars
+        self._http = httpx.Client(base_url=base_url, timeout=timeout)
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ferry-upload", daemon=True)
+
+    def __enter__(self) -> StreamedUploads:
+        if self.streams:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self.stop()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._http.close()
+
+    def stop(self) -> None:
+        """Abandon what is left: the request in flight is cut, and the server drops it."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def raise_error(self) -> None:
+        if self._thread.is_alive():
+            self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            if isinstance(error, CLIError):
+                raise error
+            raise CLIError(f"uploading failed: {error}") from error
+
+    def _run(self) -> None:
+        sent = 0
+        try:
+            for upload_id, (_key, path) in self.streams:
+                if self._stop.is_set():
+                    break
+                self._send(upload_id, path)
+                sent += 1
+        except BaseException as exc:  # reported by raise_error in the main thread
+            if not self._stop.is_set():
+                self._error = exc
+        if sent < len(self.streams):
+            # Abandon the sessions left (the server drops a cut body by itself, but not a body
+            # that failed after it was through, nor files not yet sent), so a create waiting
+            # for them fails now, not after its stall timeout, and their temp files go.
+            for upload_id, _ in self.streams[sent:]:
+                with contextlib.suppress(httpx.HTTPError):
+                    self._http.delete(f"/api/uploads/{upload_id}")
+
+    def _send(self, upload_id: str, path: Path) -> None:
+        size = path.stat().st_size
+        task = self.bars.add_task(f"uploading {path.name}", total=size)
+        hasher = Hasher()
+
+        def body() -> Iterator[bytes]:
+            for chunk in _chunks(path, lambda n: self.bars.advance(task, n)):
+                if self._stop.is_set():
+                    raise CLIError("upload stopped")
+                hasher.update(chunk)
+                yield chunk
+
+        response = self._http.patch(f"/api/uploads/{upload_id}", content=body(),
+                                    headers={"Content-Length": str(size)})
+        if response.status_code >= 400:
+            raise CLIError(f"uploading {path.name}: {error_text(response)}")
+        if hasher.size != size:
+            raise CLIError(f"{path.name} changed while it was uploaded")
+        digest = hasher.digest()
+        response = self._http.put(f"/api/uploads/{upload_id}", params={"digest": str(digest)})
+        if response.status_code >= 400:
+            raise CLIError(f"uploading {path.name}: {error_text(response)}")
+        self.cache.put(path, digest)
+        self.bars.update(task, completed=size, description=f"uploaded {path.name}")
 
 
 def _render(events: Iterator[dict[str, Any]], bars: Progress) -> None:

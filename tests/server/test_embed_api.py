@@ -47,7 +47,7 @@ def served(tmp_path_factory, make_checkpoint):
     with serve_app(build_model_server(settings)) as url:
         modelfile = checkpoint.parent / "Modelfile"
         modelfile.write_text(f"FROM {checkpoint}\n")
-        with mock.patch.dict(os.environ, {"FERRY_HOST": url}):
+        with mock.patch.dict(os.environ, {"FERRY_HOST": url, "FERRY_HOME": str(home)}):
             assert main(["create", "me/embed", "-f", str(modelfile)]) == 0
         yield url, checkpoint
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +28,13 @@ from registry.errors import NotFound
 from registry.manifests import Descriptor, ModelConfig, build_manifest, parse_manifest
 from registry.names import Name
 from registry.store import Store
+from registry.upload_sessions import Upload
 from runner.quant import QuantType
+from workflows.create.arrivals import Arrivals
 from workflows.create.config_blob import apply_info, build_config, draft_block
 from workflows.create.errors import CreateCancelled, CreateError
 from workflows.create.gguf_import import gguf_layers
-from workflows.create.inventory import Inventory, take_inventory
+from workflows.create.inventory import Inventory, no_wait, take_inventory
 from workflows.create.plan import plan_model
 from workflows.create.stage import staged_dir
 from workflows.create.validate import validate_checkpoint
@@ -57,9 +59,12 @@ GGUF_QUANTIZE = ("create-time quantization is only supported for safetensors imp
 @dataclass(frozen=True)
 class UploadedFiles:
     """A safetensors checkpoint already in the store as blobs, by relative path (the API's
-    `files`); create stages it as a directory and removes that afterwards."""
+    `files`); create stages it as a directory and removes that afterwards. `pending` are files
+    still being uploaded (sessions, `registry.upload_sessions`): read as they arrive, and verified
+    before anything is published."""
 
     files: Mapping[str, Digest]
+    pending: Mapping[str, Upload] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,27 +106,37 @@ def create(name: Name, source: Source, options: CreateOptions, store: Store,
     """Build and publish the model `name`; returns the manifest digest."""
     if isinstance(source, GGUFFiles) and (options.quantize or options.draft_quantize):
         raise CreateError(GGUF_QUANTIZE)
+    pending = source.pending if isinstance(source, UploadedFiles) else {}
+    arrivals = Arrivals(pending, cancel) if pending else None
     with contextlib.ExitStack() as stack:
         draft_root = _local_dir(options.draft_dir, store, cancel, stack)
         draft = _inventory(draft_root, "draft/") if draft_root is not None else None
-        layers, config = _source_layers(source, options, draft, store, progress, cancel, stack)
+        layers, config = _source_layers(source, options, draft, store, progress, cancel, stack,
+                                        arrivals)
         if draft is not None:
             layers += _import_draft(draft, options, store, progress, cancel)
     layers += modelfile_layers(options, store)
     apply_info(config, options.info or {})
+    if arrivals is not None:  # every uploaded byte matched its digest before anything is named
+        progress({"status": "verifying uploads"})
+        arrivals.wait_verified()
     return publish(name, config, layers, store, progress, cancel, options.noprune)
 
 
 def _local_dir(source: Path | UploadedFiles | None, store: Store, cancel: CancelSignal,
-               stack: contextlib.ExitStack) -> Path | None:
+               stack: contextlib.ExitStack, arrivals: Arrivals | None = None) -> Path | None:
     if isinstance(source, UploadedFiles):
-        return stack.enter_context(staged_dir(store, source.files, cancel))
+        root = stack.enter_context(staged_dir(store, source.files, cancel, source.pending))
+        if arrivals is not None:
+            arrivals.attach(root)
+        return root
     return source
 
 
 def _source_layers(source: Source, options: CreateOptions, draft: Inventory | None,
                    store: Store, progress: Progress, cancel: CancelSignal,
-                   stack: contextlib.ExitStack) -> tuple[list[Descriptor], ModelConfig]:
+                   stack: contextlib.ExitStack, arrivals: Arrivals | None = None,
+                   ) -> tuple[list[Descriptor], ModelConfig]:
     """The model's own layers and its config blob, whatever it is made from."""
     if isinstance(source, GGUFFiles):
         if draft is not None:
@@ -132,15 +147,15 @@ def _source_layers(source: Source, options: CreateOptions, draft: Inventory | No
             raise CreateError("quantize needs files to import; an existing model is not "
                               "requantized")
         return _from_base(source.manifest, store, draft)
-    root = _local_dir(source, store, cancel, stack)
+    root = _local_dir(source, store, cancel, stack, arrivals)
     assert root is not None
-    inv = _inventory(root, "")
+    inv = _inventory(root, "", arrivals)
     model_type = validate_checkpoint(inv)
-    return _import_target(inv, model_type, options, draft, store, progress, cancel)
+    return _import_target(inv, model_type, options, draft, store, progress, cancel, arrivals)
 
 
-def _inventory(root: Path, where: str) -> Inventory:
-    inv = take_inventory(root)
+def _inventory(root: Path, where: str, arrivals: Arrivals | None = None) -> Inventory:
+    inv = take_inventory(root, arrivals.wait if arrivals is not None else no_wait)
     if where:
         validate_checkpoint(inv, where)
     return inv
@@ -148,10 +163,11 @@ def _inventory(root: Path, where: str) -> Inventory:
 
 def _import_target(inv: Inventory, model_type: str, options: CreateOptions,
                    draft: Inventory | None, store: Store, progress: Progress,
-                   cancel: CancelSignal) -> tuple[list[Descriptor], ModelConfig]:
+                   cancel: CancelSignal, arrivals: Arrivals | None = None,
+                   ) -> tuple[list[Descriptor], ModelConfig]:
     plan = plan_model(inv, options.quantize)
     progress({"status": f"importing {len(plan.blobs)} tensors"})
-    layers = write_plan(plan, store, progress, cancel)
+    layers = write_plan(plan, store, progress, cancel, arrivals)
     layers += _json_layers(inv, plan.json_files, store, cancel)
     return layers, build_config(inv, plan, model_type, options.requires, draft)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ FLOAT_DTYPES = frozenset({"BF16", "F16", "F32"})
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
+Wait = Callable[[Path, int], None]  # (file, end): return once its first `end` bytes are there
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,17 @@ class Inventory:
         return ""
 
 
-def read_header(path: Path, rel: str) -> dict[str, TensorInfo]:
-    """Parse and check one safetensors file's header; tensors in data order."""
+def no_wait(path: Path, end: int) -> None:
+    """A stored file has all its bytes already."""
+
+
+def read_header(path: Path, rel: str, wait: Wait = no_wait) -> dict[str, TensorInfo]:
+    """Parse and check one safetensors file's header; tensors in data order. `wait` returns
+    once a file still being uploaded has its first `end` bytes (its size is known up front)."""
     size = path.stat().st_size
-    with open(path, "rb") as fh:
+    # Unbuffered: a read-ahead must not keep bytes of an upload from before they arrived.
+    with open(path, "rb", buffering=0) as fh:
+        wait(path, min(8, size))
         head = fh.read(8)
         if len(head) < 8:
             raise CreateError("truncated safetensors file: no header length", rel)
@@ -74,6 +83,7 @@ def read_header(path: Path, rel: str) -> dict[str, TensorInfo]:
         if length > MAX_HEADER_BYTES or 8 + length > size:
             raise CreateError(f"safetensors header length {length} exceeds the file size "
                               f"({size} bytes)", rel)
+        wait(path, 8 + length)
         raw = fh.read(length)
     try:
         header = json.loads(raw)
@@ -131,7 +141,7 @@ def read_json(path: Path, rel: str) -> Any:
         raise CreateError(f"not valid JSON: {exc}", rel) from exc
 
 
-def take_inventory(root: Path) -> Inventory:
+def take_inventory(root: Path, wait: Wait = no_wait) -> Inventory:
     """Read config.json, the shard index and every safetensors header under `root`."""
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     if CONFIG_FILE not in files:
@@ -145,7 +155,7 @@ def take_inventory(root: Path) -> Inventory:
     tensors: dict[str, TensorInfo] = {}
     owner: dict[str, str] = {}
     for rel in shards:
-        for name, info in read_header(root / rel, rel).items():
+        for name, info in read_header(root / rel, rel, wait).items():
             if name in tensors:
                 raise CreateError(f"tensor {name!r} is also in {owner[name]}", rel)
             tensors[name], owner[name] = info, rel

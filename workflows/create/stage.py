@@ -18,6 +18,8 @@ from typing import Any
 from registry.digests import Digest
 from registry.errors import InvalidDigest
 from registry.store import Store
+from registry.upload_sessions import Upload, Uploads, parse_upload_ref
+from workflows.create.arrivals import link_upload
 from workflows.create.errors import CreateError
 from workflows.create.write import CancelSignal, check_cancel
 
@@ -64,21 +66,51 @@ def check_no_file_is_a_directory(paths: Iterable[str], field: str) -> None:
                                   "inside it")
 
 
-def parse_files_map(value: Any, field: str, limit: int) -> dict[str, Digest]:
-    """Validate a `files`/`draft_files` map: at most `limit` entries, safe paths, digests."""
+def parse_files_map(value: Any, field: str, limit: int,
+                    uploads: Uploads | None = None) -> tuple[dict[str, Digest], dict[str, Upload]]:
+    """Validate a `files`/`draft_files` map: at most `limit` entries, safe paths, digests.
+
+    With `uploads`, a `*.safetensors` file may instead name an upload session in progress
+    (`upload:<id>`, see `registry.upload_sessions`); those come back apart (as digests once
+    verified).
+    """
     if not isinstance(value, dict):
         raise CreateError(f"{field} must be an object mapping paths to digests")
     if len(value) > limit:
         raise CreateError(f"{field} has {len(value)} entries; at most {limit} are allowed")
     out: dict[str, Digest] = {}
+    pending: dict[str, Upload] = {}
     for path, digest in value.items():
         check_relpath(path, field)
+        upload_id = parse_upload_ref(digest)
+        if upload_id is not None:
+            upload = _open_upload(uploads, upload_id, path, field)
+            if upload.digest is not None:
+                out[path] = upload.digest
+            else:
+                pending[path] = upload
+            continue
         try:
             out[path] = Digest.parse(digest)
         except InvalidDigest as exc:
             raise CreateError(f"{field}[{path!r}]: {exc.message}") from exc
-    check_no_file_is_a_directory(list(out), field)
-    return out
+    check_no_file_is_a_directory([*out, *pending], field)
+    return out, pending
+
+
+def _open_upload(uploads: Uploads | None, upload_id: str, path: str, field: str) -> Upload:
+    if uploads is None:
+        raise CreateError(f"{field}[{path!r}]: name a blob digest here; upload "
+                          "sessions are only for the model's own files")
+    if not path.endswith(".safetensors"):
+        raise CreateError(f"{field}[{path!r}]: only *.safetensors files may name an upload "
+                          "session; upload other files with POST /api/blobs")
+    upload = uploads.get(upload_id)
+    if upload is None:
+        raise CreateError(f"{field}[{path!r}]: upload {upload_id!r} not found")
+    if upload.error is not None:
+        raise CreateError(f"{field}[{path!r}]: the upload failed: {upload.error}")
+    return upload
 
 
 def require_blobs(store: Store, files: Mapping[str, Digest], metadata_limit: int) -> None:
@@ -104,9 +136,10 @@ def is_gguf(store: Store, rel: str, digest: Digest) -> bool:
 
 
 @contextlib.contextmanager
-def staged_dir(store: Store, files: Mapping[str, Digest],
-               cancel: CancelSignal) -> Iterator[Path]:
-    """Link `files` into a fresh temp dir; yield it; always remove it."""
+def staged_dir(store: Store, files: Mapping[str, Digest], cancel: CancelSignal,
+               pending: Mapping[str, Upload] | None = None) -> Iterator[Path]:
+    """Link `files` (and the temp files of `pending` uploads) into a fresh temp dir; yield it;
+    always remove it."""
     root = store.root / f"{STAGE_PREFIX}{secrets.token_hex(8)}"
     root.mkdir(parents=True)
     try:
@@ -115,6 +148,13 @@ def staged_dir(store: Store, files: Mapping[str, Digest],
             try:
                 _link(store.blob_path(digest), root / rel)
             except OSError as exc:  # the message names the user's path, never the server's
+                raise CreateError(f"file {rel!r} cannot be staged: "
+                                  f"{exc.strerror or type(exc).__name__}") from None
+        for rel, upload in (pending or {}).items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                link_upload(store, upload, root / rel, cancel)
+            except OSError as exc:
                 raise CreateError(f"file {rel!r} cannot be staged: "
                                   f"{exc.strerror or type(exc).__name__}") from None
         yield root

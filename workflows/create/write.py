@@ -27,6 +27,7 @@ import json
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,6 +48,14 @@ Progress = Callable[[dict[str, Any]], None]
 
 class CancelSignal(Protocol):
     def is_set(self) -> bool: ...
+
+
+class Arrivals(Protocol):
+    """Files still being uploaded (`arrivals.Arrivals`): wait for a byte range, upload order."""
+
+    def wait(self, path: Path, end: int) -> None: ...
+
+    def rank(self, path: Path) -> int: ...
 
 
 Part = tuple[str, str, tuple[int, ...], Any]  # (key, dtype tag, shape, bytes-like or chunks)
@@ -71,22 +80,39 @@ def safetensors_header(parts: list[tuple[str, str, tuple[int, ...], int]],
     return struct.pack("<Q", len(raw)) + raw
 
 
-def write_plan(plan: ModelPlan, store: Store, progress: Progress,
-               cancel: CancelSignal) -> list[Descriptor]:
-    """Write every tensor blob of `plan`; returns their layers in plan order."""
-    pending = []
+def write_plan(plan: ModelPlan, store: Store, progress: Progress, cancel: CancelSignal,
+               arrivals: Arrivals | None = None) -> list[Descriptor]:
+    """Write every tensor blob of `plan`; returns their layers in plan order.
+
+    With `arrivals` (files still being uploaded), blobs are written in the order their bytes
+    arrive, each once its sources' byte ranges are on disk; the layers keep plan order.
+    """
+    order = list(range(len(plan.blobs)))
+    if arrivals is not None:
+        order.sort(key=lambda i: _arrival_key(plan.blobs[i], arrivals))
+    futures: dict[int, Future[tuple[Path, Digest, int]]] = {}
     total, done = plan.total_bytes, 0
     sources = LazySources()
     with BlobBatch(store) as batch:
-        for blob in plan.blobs:
+        for i in order:
+            blob = plan.blobs[i]
             check_cancel(cancel)
-            pending.append((blob.name, batch.submit(tensor_blob_chunks(blob, sources))))
+            if arrivals is not None:
+                for source in (s for t in blob.tensors for s in t.sources):
+                    arrivals.wait(source.file, source.start + source.nbytes)
+            futures[i] = batch.submit(tensor_blob_chunks(blob, sources))
             done += sum(t.source_bytes for t in blob.tensors)
             verb = "quantizing" if any(t.quant for t in blob.tensors) else "copying"
             progress({"status": f"{verb} {blob.name}", "total": total, "completed": done})
-        layers = [(name, future.result()) for name, future in pending]
+        layers = [(blob.name, futures[i].result()) for i, blob in enumerate(plan.blobs)]
     return [Descriptor(mt.TENSOR, digest, size, name=name)
             for name, (_, digest, size) in layers]
+
+
+def _arrival_key(blob: BlobPlan, arrivals: Arrivals) -> tuple[int, int]:
+    """When the last byte a blob needs arrives: (file in upload order, end offset)."""
+    return max(((arrivals.rank(s.file), s.start + s.nbytes)
+                for t in blob.tensors for s in t.sources), default=(-1, 0))
 
 
 def tensor_blob_chunks(blob: BlobPlan, sources: LazySources) -> Iterator[bytes | memoryview]:

@@ -27,8 +27,9 @@ MESSAGE assistant Hello!
 
 
 @pytest.fixture
-def cli_env(model_server, monkeypatch):
+def cli_env(model_server, settings, monkeypatch):
     monkeypatch.setenv("FERRY_HOST", model_server.removeprefix("http://"))
+    monkeypatch.setenv("FERRY_HOME", str(settings.home))  # the CLI's digest cache goes there
     return model_server
 
 

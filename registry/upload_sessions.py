@@ -1,0 +1,238 @@
+"""Upload sessions: a file sent before its digest is known, readable while it arrives.
+
+`ferry create` streams each safetensors file to the model server while hashing it, instead of
+hashing it in a pass of its own first, and starts the create at once, naming the file by its
+session (`upload:<id>`). The server reads a shard's header and quantizes its tensors as their
+bytes land, so the session is also the meeting point of two threads: the request that writes
+the bytes (`append` through its `BlobWriter`) and the create that waits for a byte range
+(`wait_for`) and, before it publishes anything, for the verified digest (`wait_verified`).
+
+A session's bytes go to a temp file in `blobs/` reserved at the declared size (so MLX can map
+it while it fills). The client names the digest when the body is complete; only if the server's
+own hash of the bytes equals it does the file become that blob, else it is removed. A session
+that fails (a mismatch, a disconnect, no bytes for `stall_seconds`) removes its temp file, and
+every create waiting on it fails. The server never reads a path the client names: a session is
+identified by a random id the server chose, and its bytes are only those the client sent.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterable, Callable
+from pathlib import Path
+from typing import Protocol
+
+from registry.blob_writer import BlobWriter, reserve_temp
+from registry.digests import Digest
+from registry.errors import FerryError
+
+UPLOAD_REF_PREFIX = "upload:"
+MAX_OPEN_UPLOADS = 1024  # a create names at most max_create_files (1024) files
+_POLL_SECONDS = 0.2
+
+
+class UploadFailed(FerryError):
+    """The upload a reader waits for failed, stalled or was abandoned (a 400)."""
+
+
+class Cancel(Protocol):
+    def is_set(self) -> bool: ...
+
+
+class Activity:
+    """When bytes last reached any session of a server."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+
+class Upload:
+    """One session: `size` bytes expected, `received` so far, then a digest or an error."""
+
+    def __init__(self, upload_id: str, size: int, blobs_dir: Path, stall_seconds: float,
+                 server: Activity | None = None) -> None:
+        self.id = upload_id
+        self.server = server or Activity()
+        self.size = size
+        self.stall_seconds = stall_seconds
+        self.received = 0
+        self.digest: Digest | None = None
+        self.error: str | None = None
+        self.busy = False  # a request owns the file (sending or committing it)
+        self.last_activity = time.monotonic()
+        self._cond = threading.Condition()
+        self._blobs_dir = blobs_dir
+        self._writer: BlobWriter | None = None  # open only while a request sends the bytes
+        try:
+            self.path = reserve_temp(blobs_dir, size)  # a create links it into its staging dir
+        except OSError as exc:  # e.g. larger than the filesystem allows
+            raise UploadFailed(f"cannot hold {size} bytes: {exc.strerror}") from None
+
+    @property
+    def finished(self) -> bool:
+        return self.digest is not None or self.error is not None
+
+    def _written(self, total: int) -> None:
+        with self._cond:
+            self.received = total
+            self.last_activity = self.server.last = time.monotonic()
+            self._cond.notify_all()
+            if self.error is not None:  # failed meanwhile (a stall): stop the request
+                raise UploadFailed(f"upload {self.id} failed: {self.error}")
+
+    async def receive(self, stream: AsyncIterable[bytes]) -> None:
+        """The body of the one request that sends the bytes; fails the session on any error."""
+        with self._cond:
+            if self.busy or self.finished or self._writer is not None:
+                raise UploadFailed(f"upload {self.id} already received its bytes")
+            self.busy = True
+        try:
+            self._writer = BlobWriter(self._blobs_dir, expected_size=self.size,
+                                      on_written=self._written, reserved=self.path)
+            await self._writer.receive(_at_most(stream, self.size))
+        except BaseException as exc:
+            self.fail(_reason(exc))
+            raise
+        finally:
+            with self._cond:
+                self.busy = False
+        if self.received != self.size:
+            self.fail(f"got {self.received} of {self.size} bytes")
+            raise UploadFailed(f"upload {self.id}: got {self.received} of {self.size} bytes")
+
+    def commit(self, digest: Digest) -> Digest:
+        """Verify the bytes against the digest the client computed; publish them as that blob."""
+        with self._cond:
+            if (self.busy or self._writer is None or self.received != self.size
+                    or self.finished):
+                raise UploadFailed(f"upload {self.id} is not complete"
+                                   + (f": {self.error}" if self.error else ""))
+            self.busy = True
+        try:
+            actual = self._writer.commit(digest)  # removes the temp file if it raises
+        except BaseException as exc:
+            with self._cond:
+                self.busy = False
+            self.fail(_reason(exc))
+            raise
+        with self._cond:
+            self.busy = False
+            self.digest = actual
+            self._cond.notify_all()
+        return actual
+
+    def fail(self, reason: str) -> None:
+        """Mark the session failed and remove its temp file (a reader's link keeps its inode);
+        while a request still writes it, that request removes the file when it stops."""
+        with self._cond:
+            if self.finished:
+                return
+            self.error = reason
+            self._cond.notify_all()
+            busy = self.busy
+        if busy:
+            return
+        if self._writer is not None:
+            self._writer.abort()
+        else:
+            self.path.unlink(missing_ok=True)
+
+    def idle_for(self, now: float) -> float:
+        """Seconds without progress. A session not yet sent waits its turn behind the client's
+        other files (sent one at a time): while bytes reach any session, it is not idle."""
+        if self._writer is not None or self.finished:
+            return now - self.last_activity
+        return now - max(self.last_activity, self.server.last)
+
+    def wait_for(self, end: int, cancel: Cancel) -> None:
+        """Block until the first `end` bytes are in the file; raises if the session fails,
+        stalls for `stall_seconds`, or the waiter is cancelled."""
+        self._wait(lambda: self.received >= end or self.digest is not None, cancel)
+
+    def wait_verified(self, cancel: Cancel) -> Digest:
+        """Block until the client's digest matched the bytes; the blob is then in the store."""
+        self._wait(lambda: self.digest is not None, cancel)
+        assert self.digest is not None
+        return self.digest
+
+    def _wait(self, ready: Callable[[], bool], cancel: Cancel) -> None:
+        with self._cond:
+            while not ready():
+                if self.error is not None:
+                    raise UploadFailed(f"the upload failed: {self.error}")
+                if cancel.is_set():
+                    raise UploadFailed("cancelled while waiting for the upload")
+                if self.idle_for(time.monotonic()) > self.stall_seconds:
+                    break
+                self._cond.wait(_POLL_SECONDS)
+            else:
+                return
+        self.fail(f"no bytes arrived for {self.stall_seconds:g} s")
+        raise UploadFailed(f"the upload failed: {self.error}")
+
+
+class Uploads:
+    """The server's open sessions by id (in process: a create reads what this server holds)."""
+
+    def __init__(self, blobs_dir: Path, stall_seconds: float,
+                 max_open: int = MAX_OPEN_UPLOADS) -> None:
+        self.blobs_dir = blobs_dir
+        self.stall_seconds = stall_seconds
+        self.max_open = max_open
+        self.activity = Activity()
+        self._sessions: dict[str, Upload] = {}
+        self._lock = threading.Lock()
+
+    def start(self, size: int) -> Upload:
+        """A new session for `size` bytes; abandoned ones are swept first."""
+        self.sweep()
+        with self._lock:
+            if sum(not u.finished for u in self._sessions.values()) >= self.max_open:
+                raise UploadFailed(f"too many open uploads (at most {self.max_open})")
+            upload = Upload(secrets.token_hex(16), size, self.blobs_dir, self.stall_seconds,
+                            self.activity)
+            self._sessions[upload.id] = upload
+        return upload
+
+    def get(self, upload_id: str) -> Upload | None:
+        with self._lock:
+            return self._sessions.get(upload_id)
+
+    def sweep(self, now: float | None = None) -> None:
+        """Forget finished sessions and fail those idle past the stall limit (their temp files
+        go); a session still receiving is left to its request, which fails it on its own."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for upload in sessions:
+            idle = upload.idle_for(now) > self.stall_seconds
+            if not upload.finished and idle and not upload.busy:
+                upload.fail(f"no bytes arrived for {self.stall_seconds:g} s")
+            if upload.finished and (upload.error or idle):
+                with self._lock:
+                    self._sessions.pop(upload.id, None)
+
+
+def parse_upload_ref(value: str) -> str | None:
+    """The session id of an `upload:<id>` reference, else None."""
+    if isinstance(value, str) and value.startswith(UPLOAD_REF_PREFIX):
+        return value[len(UPLOAD_REF_PREFIX):]
+    return None
+
+
+async def _at_most(stream: AsyncIterable[bytes], size: int) -> AsyncIterable[bytes]:
+    total = 0
+    async for chunk in stream:
+        total += len(chunk)
+        if total > size:
+            raise UploadFailed(f"the body is longer than the declared {size} bytes")
+        yield chunk
+
+
+def _reason(exc: BaseException) -> str:
+    message = getattr(exc, "message", None)
+    if isinstance(message, str):
+        return message
+    return type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
