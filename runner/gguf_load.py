@@ -14,9 +14,10 @@ F32/F16/BF16 load as they are, except that on the native path on a GPU the F32 o
 biases) take the file's half type (`GGUFFile.compute_dtype`), so activations and the KV cache
 stay 2 bytes a value as the file's own precision implies (not on a CPU: `half_activations`).
 Q4_0, Q4_1, Q8_0 and Q4_K are affine per 32 values already, so their blocks are repacked into
-MLX affine triples (group size 32) exactly, with no float copy.
-Q5_0/Q5_1/Q5_K, Q6_K, Q3_K and Q2_K are dequantized one tensor at a time and requantized to an
-MLX affine width whose step is no coarser than the source's (6, 8, 4 and 4 bits: a Q3_K or Q2_K
+MLX affine triples (group size 32) exactly, with no float copy. Q6_K is repacked at 6 bits the
+same way, each group of 32 on the step of its coarser sub-block of 16 (`_repack_q6_k`).
+Q5_0/Q5_1/Q5_K, Q3_K and Q2_K are dequantized one tensor at a time and requantized to an MLX
+affine width whose step is no coarser than the source's (6, 4 and 4 bits: a Q3_K or Q2_K
 sub-block of 16 spans at most the range of its group of 32), so no value moves by more than the
 source's own rounding; anything else is refused with the tensor's name and type.
 """
@@ -42,7 +43,7 @@ from runner.quant import QuantType
 REQUANT_SLAB_VALUES = 1 << 20  # values dequantized at once when requantizing
 QK = 32  # llama.cpp's block size for Q4_0, Q4_1, Q8_0 (and MLX's group size for them)
 # Requantized types: the MLX affine width whose error is no worse than the source's.
-_REQUANT_BITS = {T.Q5_0: 6, T.Q5_1: 6, T.Q2_K: 4, T.Q3_K: 4, T.Q5_K: 6, T.Q6_K: 8}
+_REQUANT_BITS = {T.Q5_0: 6, T.Q5_1: 6, T.Q2_K: 4, T.Q3_K: 4, T.Q5_K: 6}
 _FLOATS = {T.F32: np.float32, T.F16: np.float16}
 _KNOWN = frozenset(int(t) for t in T)
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -264,7 +265,9 @@ def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str,
         return {"weight": dense}, None
     if kind in _REPACKED:
         parts = _in_slabs(data, shape, _REPACKED[kind])
-        qtype = QuantType(kind.name.lower(), 8 if kind == T.Q8_0 else 4, QK, "affine")
+        bits = _REPACKED_BITS.get(kind, 4)
+        name = kind.name.lower() + (f"-as-int{bits}" if kind in _REPACKED_BITS else "")
+        qtype = QuantType(name, bits, QK, "affine")
     elif kind in _REQUANT_BITS:
         parts, qtype = _requantize(data, kind, shape)
     else:
@@ -369,10 +372,40 @@ def _repack_q4_k(data: np.ndarray) -> dict[str, np.ndarray]:
             "biases": (-(dmin[..., None] * mins)).astype(np.float16).reshape(rows, -1)}
 
 
+def _repack_q6_k(data: np.ndarray) -> dict[str, np.ndarray]:
+    """Q6_K super-blocks (256 values: 6-bit q, an int8 scale per sub-block of 16, f16 d;
+    w = d sc (q - 32)) as MLX affine 6-bit, group 32. A group holds two sub-blocks; its step is
+    the coarser one's, d sc (bias -32 d sc), so that sub-block is kept exactly and the finer one
+    is rounded to its grid: no value moves by more than half the source's step for its group
+    (MLX has no groups of 16). 7 bits a value where 8-bit took 9, for llama.cpp's Q*_K_M
+    ffn_down and output tensors."""
+    rows = len(data)
+    blocks = data.reshape(-1, 210)
+    count = len(blocks)
+    low = (blocks[:, :128].reshape(count, 2, 1, 64) >> np.array([0, 4], np.uint8)[:, None]) & 15
+    high = (blocks[:, 128:192].reshape(count, 2, 1, 32)
+            >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
+    q = (low.reshape(count, 2, 4, 32) | (high << 4)).reshape(count, 8, 2, 16)
+    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
+    step = (d * blocks[:, 192:208].view(np.int8)).reshape(count, 8, 2)  # per sub-block
+    coarse = np.abs(step[..., 1]) > np.abs(step[..., 0])
+    scale = np.where(coarse, step[..., 1], step[..., 0]).astype(np.float16)  # per group
+    wide = scale.astype(np.float32)[..., None, None]
+    values = step[..., None] * (q.astype(np.float32) - 32)
+    ratio = np.divide(values, wide, out=np.zeros_like(values), where=wide != 0)
+    k = np.clip(np.rint(ratio) + 32, 0, 63).astype(np.uint32).reshape(rows, -1, 4)
+    packed = k[..., 0] | (k[..., 1] << 6) | (k[..., 2] << 12) | (k[..., 3] << 18)
+    words = np.stack([packed, packed >> 8, packed >> 16], axis=-1).astype(np.uint8)
+    return {"weight": words.reshape(rows, -1).view(np.uint32),
+            "scales": scale.reshape(rows, -1),
+            "biases": (scale * np.float16(-32)).reshape(rows, -1)}
+
+
 _REPACKED: dict[T, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
     T.Q8_0: _repack_q8_0, T.Q4_0: lambda d: _repack_q4(d, False),
-    T.Q4_1: lambda d: _repack_q4(d, True), T.Q4_K: _repack_q4_k,
+    T.Q4_1: lambda d: _repack_q4(d, True), T.Q4_K: _repack_q4_k, T.Q6_K: _repack_q6_k,
 }
+_REPACKED_BITS = {T.Q8_0: 8, T.Q6_K: 6}  # the others: 4
 
 
 def _requantize(data: np.ndarray, kind: T, shape: tuple[int, ...]

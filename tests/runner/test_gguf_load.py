@@ -209,7 +209,7 @@ def test_gguf_tensor_disagreeing_with_its_metadata_is_named(model_store, make_ch
 
 
 @pytest.mark.parametrize("kind,quantizer,bits", [("Q4_K", quantize_q4_k, 4),
-                                                 ("Q6_K", quantize_q6_k, 8)])
+                                                 ("Q6_K", quantize_q6_k, 6)])
 def test_k_quant_tensor_becomes_mlx_affine_no_coarser_than_its_source(kind, quantizer, bits):
     x = np.random.default_rng(1).standard_normal((64, 512)).astype(np.float32) * 0.02
     raw = quantizer(x)
@@ -226,6 +226,34 @@ def test_k_quant_tensor_becomes_mlx_affine_no_coarser_than_its_source(kind, quan
         assert np.abs(ours - source).max() <= 1e-4
 
 
+def test_q6_k_keeps_each_groups_coarser_sub_block_and_rounds_the_finer_to_its_step():
+    """MLX has no groups of 16: a group of 32 takes the step of its coarser Q6_K sub-block, so
+    that one is kept (to the f16 rounding of its step) and the finer one moves by at most half
+    that step; stored at 6 bits, not the 8 a float requantization needed."""
+    x = np.random.default_rng(3).standard_normal((8, 1024)).astype(np.float32) * 0.02
+    x[:, 16:32] *= 4  # a coarse second sub-block
+    x[:, 40:48] *= -6  # a coarse first sub-block of a negative scale
+    raw = quantize_q6_k(x)
+    source = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K)
+    tensor = SimpleNamespace(name="output.weight", data=raw,
+                             tensor_type=gguf.GGMLQuantizationType.Q6_K)
+    parts, qtype = convert_tensor(tensor, (8, 1024), "native")
+    assert qtype is not None and (qtype.bits, qtype.group_size) == (6, 32)
+    assert parts["weight"].shape == (8, 1024 * 6 // 32)
+    wide = [parts[k].astype(mx.float32) for k in ("scales", "biases")]  # no f16 arithmetic
+    ours = np.array(mx.dequantize(parts["weight"], *wide, group_size=32, bits=6))
+    # each sub-block's step: its values are multiples of it
+    blocks = raw.reshape(-1, 210)
+    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
+    step = np.abs(d * blocks[:, 192:208].view(np.int8)).reshape(8, -1, 2)
+    coarse = step.max(-1, keepdims=True)
+    move = np.abs(ours - source).reshape(8, -1, 2, 16)
+    kept = (step == coarse)[..., None]
+    assert (move <= np.where(kept, 2 ** -11 * np.abs(source).reshape(move.shape),
+                             coarse[..., None] / 2 * (1 + 2 ** -9))).all()
+    assert kept.any() and (~kept).any()
+
+
 def test_q4_k_m_gguf_logits_close_to_float(model_store, make_checkpoint, tmp_path):
     checkpoint = write_checkpoint(tmp_path / "wide", "llama", Path(make_checkpoint("llama")),
                                   hidden_size=256, intermediate_size=512, head_dim=64,
@@ -234,7 +262,7 @@ def test_q4_k_m_gguf_logits_close_to_float(model_store, make_checkpoint, tmp_pat
     name = _create_raw(model_store, path.read_bytes(), "test/gguf-q4km")
     loaded = load_model(model_store, name, "native")
     assert loaded.model.layers[0].self_attn.q_proj.bits == 4
-    assert loaded.model.layers[0].mlp.down_proj.bits == 8  # Q6_K: requantized at 8 bits
+    assert loaded.model.layers[0].mlp.down_proj.bits == 6  # Q6_K: repacked at 6 bits
     reference, _ = mlx_lm.load(str(checkpoint))
     reference.set_dtype(mx.float32)
     tokens = mx.array([PROMPT])
