@@ -1,9 +1,10 @@
 """A GGUF model layer -> config.json, tokenizer files and MLX weights (issue 13).
 
 The file's header is parsed once (registry.gguf, keeping the tokenizer's long arrays) and each
-tensor's bytes are read when it is converted, so the process never holds more than one source
-tensor beside the converted weights (a memory map would keep every touched page resident until
-the end of the load, doubling the peak); the configuration comes from the per-blob metadata cache
+tensor's bytes are read when it is converted, a block tensor's a slab of rows at a time, so the
+process never holds more than one slab of source bytes (a float tensor's whole bytes) beside the
+converted weights (a memory map would keep every touched page resident until the end of the
+load, doubling the peak); the configuration comes from the per-blob metadata cache
 (`metadata/sha256-<hex>.json`) the model server wrote at create, never from a second pass. The
 `gguf` package supplies llama.cpp's type table and the K-quant dequantizers.
 
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import gguf
 import mlx.core as mx
@@ -90,9 +91,33 @@ class GGUFTensor:
     @property
     def data(self) -> np.ndarray:
         """Its raw bytes, read now (fewer than `nbytes` if the file is short)."""
+        return self.read(0, self.nbytes)
+
+    def available(self) -> int:
+        """How many of its `nbytes` the file holds."""
+        return max(0, min(self.nbytes, self.path.stat().st_size - self.start))
+
+    def read(self, offset: int, size: int) -> np.ndarray:
+        """`size` bytes of its data from `offset`, read now: a block tensor is converted a
+        slab of rows at a time, so its source bytes are never all in memory at once (a 32k
+        vocabulary's Q8_0 head is 26 MB)."""
         with open(self.path, "rb") as fh:
-            fh.seek(self.start)
-            return np.frombuffer(fh.read(self.nbytes), dtype=np.uint8)
+            fh.seek(self.start + offset)
+            return np.frombuffer(fh.read(size), dtype=np.uint8)
+
+
+class TensorSource(Protocol):
+    """What `convert_tensor` reads: a GGUFTensor, or the same bytes held elsewhere."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tensor_type(self) -> int: ...
+
+    def available(self) -> int: ...
+
+    def read(self, offset: int, size: int) -> np.ndarray: ...
 
 
 @dataclass
@@ -246,7 +271,7 @@ def _expected_shapes(module: ModuleType, args: Any) -> dict[str, tuple[int, ...]
         raise GGUFLoadError(f"GGUF metadata does not describe a model: {exc}") from exc
 
 
-def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str,
+def convert_tensor(tensor: TensorSource, shape: tuple[int, ...], compute: str,
                    dense_dtype: mx.Dtype | None = None
                    ) -> tuple[dict[str, mx.array], QuantType | None]:
     """One tensor as MLX arrays: {"weight"} dense, or {"weight", "scales", "biases"} with its
@@ -255,21 +280,21 @@ def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str,
     if int(tensor.tensor_type) not in _KNOWN:
         raise GGUFLoadError(f"GGUF tensor {tensor.name} has unknown type {tensor.tensor_type}")
     kind = T(int(tensor.tensor_type))
-    data = _checked_data(tensor, shape)
+    rows, row_bytes = _checked_rows(tensor, shape)
     if kind in _FLOATS or kind == T.BF16:
-        dense = _dense(data, kind, shape)
+        dense = _dense(_read_rows(tensor, 0, rows, row_bytes), kind, shape)
         if compute == "float32":
             dense = dense.astype(mx.float32)
         elif kind == T.F32 and dense_dtype is not None:
             dense = dense.astype(dense_dtype)
         return {"weight": dense}, None
     if kind in _REPACKED:
-        parts = _in_slabs(data, shape, _REPACKED[kind])
+        parts = _in_slabs(tensor, (rows, row_bytes), shape, _REPACKED[kind])
         bits = _REPACKED_BITS.get(kind, 4)
         name = kind.name.lower() + (f"-as-int{bits}" if kind in _REPACKED_BITS else "")
         qtype = QuantType(name, bits, QK, "affine")
     elif kind in _REQUANT_BITS:
-        parts, qtype = _requantize(data, kind, shape)
+        parts, qtype = _requantize(tensor, (rows, row_bytes), kind, shape)
     else:
         raise GGUFLoadError(f"GGUF tensor {tensor.name} has type {kind.name}, which ferry's "
                             "runner cannot load (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
@@ -281,19 +306,23 @@ def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str,
     return parts, qtype
 
 
-def _checked_data(tensor: GGUFTensor, shape: tuple[int, ...]) -> np.ndarray:
-    """The tensor's bytes as [rows, bytes per row]; a short or misshapen one is refused."""
+def _checked_rows(tensor: TensorSource, shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, bytes per row) of the tensor's data; a short or misshapen one is refused."""
     kind = T(int(tensor.tensor_type))
     block, type_size = gguf.GGML_QUANT_SIZES[kind]
     if shape[-1] % block:
         raise GGUFLoadError(f"GGUF tensor {tensor.name}: row of {shape[-1]} is not a whole "
                             f"number of {kind.name} blocks")
-    want = math.prod(shape) // block * type_size
-    data = np.asarray(tensor.data)
-    if data.nbytes != want:
-        raise GGUFLoadError(f"GGUF tensor {tensor.name} is truncated: {data.nbytes} of "
-                            f"{want} bytes")
-    return data.reshape(math.prod(shape[:-1]), -1)
+    rows, row_bytes = math.prod(shape[:-1]), shape[-1] // block * type_size
+    have = tensor.available()
+    if have != rows * row_bytes:
+        raise GGUFLoadError(f"GGUF tensor {tensor.name} is truncated: {have} of "
+                            f"{rows * row_bytes} bytes")
+    return rows, row_bytes
+
+
+def _read_rows(tensor: TensorSource, start: int, count: int, row_bytes: int) -> np.ndarray:
+    return tensor.read(start * row_bytes, count * row_bytes).reshape(count, row_bytes)
 
 
 def _dense(data: np.ndarray, kind: T, shape: tuple[int, ...]) -> mx.array:
@@ -302,14 +331,17 @@ def _dense(data: np.ndarray, kind: T, shape: tuple[int, ...]) -> mx.array:
     return mx.array(data.view(_FLOATS[kind]).reshape(shape))
 
 
-def _in_slabs(data: np.ndarray, shape: tuple[int, ...],
+def _in_slabs(tensor: TensorSource, layout: tuple[int, int], shape: tuple[int, ...],
               repack: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, mx.array]:
-    """Repack `data` ([rows, bytes per row]) a slab of rows at a time, so the unpacked
-    temporaries of a large tensor never exist all at once."""
+    """Repack the tensor's data (`layout`: rows, bytes per row) a slab of rows at a time, read
+    as it goes, so neither its source bytes nor the unpacked temporaries of a large tensor
+    exist all at once."""
+    rows, row_bytes = layout
     step = max(1, REQUANT_SLAB_VALUES // shape[-1])
-    slabs = ({k: mx.array(v) for k, v in repack(data[start:start + step]).items()}
-             for start in range(0, data.shape[0], step))
-    return _assembled(slabs, data.shape[0], shape)
+    slabs = ({k: mx.array(v) for k, v in
+              repack(_read_rows(tensor, start, min(step, rows - start), row_bytes)).items()}
+             for start in range(0, rows, step))
+    return _assembled(slabs, rows, shape)
 
 
 def _assembled(slabs: Iterator[dict[str, mx.array]], rows: int,
@@ -390,11 +422,19 @@ def _repack_q6_k(data: np.ndarray) -> dict[str, np.ndarray]:
     step = (d * blocks[:, 192:208].view(np.int8)).reshape(count, 8, 2)  # per sub-block
     coarse = np.abs(step[..., 1]) > np.abs(step[..., 0])
     scale = np.where(coarse, step[..., 1], step[..., 0]).astype(np.float16)  # per group
-    wide = scale.astype(np.float32)[..., None, None]
-    values = step[..., None] * (q.astype(np.float32) - 32)
-    ratio = np.divide(values, wide, out=np.zeros_like(values), where=wide != 0)
-    k = np.clip(np.rint(ratio) + 32, 0, 63).astype(np.uint32).reshape(rows, -1, 4)
-    packed = k[..., 0] | (k[..., 1] << 6) | (k[..., 2] << 12) | (k[..., 3] << 18)
+    wide = scale.astype(np.float32)[..., None]
+    factor = np.divide(step, wide, out=np.zeros_like(step), where=wide != 0)  # 1 if coarse
+    k = q.astype(np.float32)  # the one float temporary, worked on in place
+    k -= 32
+    k *= factor[..., None]
+    np.rint(k, out=k)
+    k += 32
+    np.clip(k, 0, 63, out=k)
+    fours = k.astype(np.uint8).reshape(rows, -1, 4)
+    del k
+    packed = fours[..., 0].astype(np.uint32)
+    for i in (1, 2, 3):
+        packed |= fours[..., i].astype(np.uint32) << (6 * i)
     words = np.stack([packed, packed >> 8, packed >> 16], axis=-1).astype(np.uint8)
     return {"weight": words.reshape(rows, -1).view(np.uint32),
             "scales": scale.reshape(rows, -1),
@@ -408,18 +448,20 @@ _REPACKED: dict[T, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
 _REPACKED_BITS = {T.Q8_0: 8, T.Q6_K: 6}  # the others: 4
 
 
-def _requantize(data: np.ndarray, kind: T, shape: tuple[int, ...]
+def _requantize(tensor: TensorSource, layout: tuple[int, int], kind: T, shape: tuple[int, ...]
                 ) -> tuple[dict[str, mx.array], QuantType]:
     """Other block types: dequantized and quantized to MLX affine a slab of rows at a time, so
     no float copy of a whole tensor (an output head is the size of the vocabulary) is held."""
     bits = _REQUANT_BITS[kind]
+    rows, row_bytes = layout
     step = max(1, REQUANT_SLAB_VALUES // shape[-1])
 
     def slabs() -> Iterator[dict[str, mx.array]]:
-        for start in range(0, data.shape[0], step):
-            dense = mx.array(gguf.quants.dequantize(data[start:start + step], kind))
+        for start in range(0, rows, step):
+            data = _read_rows(tensor, start, min(step, rows - start), row_bytes)
+            dense = mx.array(gguf.quants.dequantize(data, kind))
             parts = mx.quantize(dense.astype(mx.float16), group_size=QK, bits=bits)
             yield dict(zip(("weight", "scales", "biases"), parts, strict=True))
 
-    parts = _assembled(slabs(), data.shape[0], shape)
+    parts = _assembled(slabs(), rows, shape)
     return parts, QuantType(f"{kind.name.lower()}-as-int{bits}", bits, QK, "affine")

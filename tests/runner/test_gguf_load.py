@@ -5,8 +5,8 @@ checkpoint created from safetensors."""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import gguf
 import mlx.core as mx
@@ -17,12 +17,13 @@ import pytest
 from arch_checkpoints import write_checkpoint
 from gguf_export import export_gguf
 from kquants import quantize_q4_k, quantize_q6_k
+from tokenizers import Tokenizer
 
 from registry.names import Name
-from runner import gguf_load
+from runner import gguf_load, load, server
 from runner.generate import Generator
 from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
-from runner.kv_cache import KVCache
+from runner.kv_cache import KVCache, new_caches
 from runner.load import LoadError, load_model
 from runner.sample import Options
 from runner.tokenizer import ModelTokenizer
@@ -51,6 +52,21 @@ def gguf_model(model_store, make_checkpoint, tmp_path_factory):
         return _made[key]
 
     return build
+
+
+@dataclass
+class RawTensor:
+    """A GGUF tensor's bytes held in memory, read the way convert_tensor reads a file's."""
+
+    name: str
+    tensor_type: int
+    data: np.ndarray
+
+    def available(self) -> int:
+        return self.data.size
+
+    def read(self, offset: int, size: int) -> np.ndarray:
+        return self.data.reshape(-1)[offset:offset + size]
 
 
 def _cosine_min(a: mx.array, b: mx.array) -> float:
@@ -192,8 +208,7 @@ def test_truncated_tensor_data_is_a_clear_load_error(make_checkpoint, tmp_path):
     """What the loader checks itself, for a file that got past create some other way."""
     path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf", "Q8_0")
     tensor = open_gguf(path).tensors["blk.0.attn_q.weight"]
-    short = SimpleNamespace(name=tensor.name, tensor_type=tensor.tensor_type,
-                            data=tensor.data[:-1])
+    short = RawTensor(tensor.name, tensor.tensor_type, tensor.data[:-1])
     with pytest.raises(GGUFLoadError, match=r"blk\.0\.attn_q\.weight is truncated"):
         convert_tensor(short, (128, 128), "native")
 
@@ -214,8 +229,7 @@ def test_k_quant_tensor_becomes_mlx_affine_no_coarser_than_its_source(kind, quan
     x = np.random.default_rng(1).standard_normal((64, 512)).astype(np.float32) * 0.02
     raw = quantizer(x)
     source = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind))
-    tensor = SimpleNamespace(name="blk.0.attn_q.weight", data=raw,
-                             tensor_type=getattr(gguf.GGMLQuantizationType, kind))
+    tensor = RawTensor("blk.0.attn_q.weight", getattr(gguf.GGMLQuantizationType, kind), raw)
     parts, qtype = convert_tensor(tensor, (64, 512), "native")
     assert qtype is not None and qtype.bits == bits and qtype.group_size == 32
     ours = np.array(mx.dequantize(parts["weight"], parts["scales"], parts["biases"],
@@ -235,8 +249,7 @@ def test_q6_k_keeps_each_groups_coarser_sub_block_and_rounds_the_finer_to_its_st
     x[:, 40:48] *= -6  # a coarse first sub-block of a negative scale
     raw = quantize_q6_k(x)
     source = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K)
-    tensor = SimpleNamespace(name="output.weight", data=raw,
-                             tensor_type=gguf.GGMLQuantizationType.Q6_K)
+    tensor = RawTensor("output.weight", gguf.GGMLQuantizationType.Q6_K, raw)
     parts, qtype = convert_tensor(tensor, (8, 1024), "native")
     assert qtype is not None and (qtype.bits, qtype.group_size) == (6, 32)
     assert parts["weight"].shape == (8, 1024 * 6 // 32)
@@ -272,8 +285,7 @@ def test_q4_k_m_gguf_logits_close_to_float(model_store, make_checkpoint, tmp_pat
 def test_unsupported_quant_type_is_refused_naming_tensor_and_type():
     kind = gguf.GGMLQuantizationType.IQ2_XXS
     block, size = gguf.GGML_QUANT_SIZES[kind]
-    tensor = SimpleNamespace(name="blk.3.ffn_up.weight", tensor_type=kind,
-                             data=np.zeros((4, 256 // block * size), np.uint8))
+    tensor = RawTensor("blk.3.ffn_up.weight", kind, np.zeros((4, 256 // block * size), np.uint8))
     with pytest.raises(GGUFLoadError, match=r"blk\.3\.ffn_up\.weight has type IQ2_XXS"):
         convert_tensor(tensor, (4, 256), "native")
 
@@ -284,10 +296,76 @@ def test_requantized_tensor_is_built_in_place_not_beside_its_slabs(monkeypatch):
     monkeypatch.setattr(gguf_load, "REQUANT_SLAB_VALUES", 1 << 15)  # 16 rows of 2048: 32 slabs
     kind = gguf.GGMLQuantizationType.Q6_K
     x = np.random.default_rng(2).standard_normal((512, 2048)).astype(np.float32) * 0.02
-    tensor = SimpleNamespace(name="output.weight", data=quantize_q6_k(x), tensor_type=kind)
+    tensor = RawTensor("output.weight", kind, quantize_q6_k(x))
     mx.clear_cache()
     before = mx.get_active_memory()
     mx.reset_peak_memory()
     parts, _ = convert_tensor(tensor, (512, 2048), "native")
     held = sum(p.nbytes for p in parts.values())
     assert mx.get_peak_memory() - before <= 1.3 * held
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q6_K"])
+def test_block_tensor_source_is_read_a_slab_at_a_time(monkeypatch, kind):
+    """A block tensor's bytes are read a slab of rows at a time as it is converted (a 32k x 768
+    Q8_0 head is 26 MB that would otherwise sit beside the weights), with the same result."""
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    x = np.random.default_rng(4).standard_normal((64, 512)).astype(np.float32) * 0.02
+    raw = quantize_q6_k(x) if kind == "Q6_K" else gguf.quants.quantize(x, qtype)
+    whole, _ = convert_tensor(RawTensor("output.weight", qtype, raw), (64, 512), "native")
+    reads: list[int] = []
+
+    class Counted(RawTensor):
+        def read(self, offset: int, size: int) -> np.ndarray:
+            reads.append(size)
+            return super().read(offset, size)
+
+    monkeypatch.setattr(gguf_load, "REQUANT_SLAB_VALUES", 8 * 512)  # 8 rows a slab
+    parts, _ = convert_tensor(Counted("output.weight", qtype, raw), (64, 512), "native")
+    assert len(reads) == 8 and max(reads) == raw.nbytes // 8
+    for key, value in whole.items():
+        assert mx.array_equal(parts[key], value)
+
+
+def test_native_cpu_path_keeps_the_kv_cache_at_two_bytes(model_store, gguf_model, monkeypatch):
+    """On a CPU the file's F32 norms keep activations float32 (fast kernels); the KV cache is
+    still float16, the 2 bytes a value llama.cpp stores for the same file, not 4."""
+    monkeypatch.setattr(gguf_load, "half_activations", lambda: False)
+    monkeypatch.setattr(load, "half_activations", lambda: False)
+    loaded = load_model(model_store, gguf_model("llama", "Q4_0"), "native")
+    caches = new_caches(loaded.model)
+    logits = loaded.model(mx.array([PROMPT]), caches)
+    assert logits.dtype == mx.float32
+    assert {a.dtype for c in caches for a in c.state} == {mx.float16}
+    float32 = load_model(model_store, gguf_model("llama", "Q4_0"), "float32")
+    assert _cosine_min(logits, float32.model(mx.array([PROMPT]))) >= 0.98
+
+
+def test_runner_builds_the_gguf_tokenizer_once_and_before_the_weights(model_store, gguf_model,
+                                                                      monkeypatch):
+    """The runner serves with the tokenizer object built from the GGUF's metadata (its JSON is
+    not parsed a second time), built before the weights load so its transient buffers never
+    sit on top of them; it encodes exactly as one parsed from tokenizer.json."""
+    name = gguf_model("llama", "Q8_0")
+    events: list[tuple[str, object]] = []
+    real_tokenizer, real_load = server.ModelTokenizer, server.load_model
+
+    def tokenizer(*args, **kwargs):
+        events.append(("tokenizer", args[3] if len(args) > 3 else None))
+        return real_tokenizer(*args, **kwargs)
+
+    def weights(*args, **kwargs):
+        events.append(("weights", None))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(server, "ModelTokenizer", tokenizer)
+    monkeypatch.setattr(server, "load_model", weights)
+    state = server.RunnerState(name, "native", mx.clear_cache)
+    server.load_into(state, model_store, pytest.fail)
+    assert [kind for kind, _ in events] == ["tokenizer", "weights"]
+    assert isinstance(events[0][1], Tokenizer)
+    assert state.tokenizer is not None and state.tokenizer.tokenizer is events[0][1]
+    assert state.loaded is not None and state.loaded.files.tokenizer is None
+    parsed = ModelTokenizer(state.loaded.files.files, state.loaded.files.config)
+    text = "Hello, world! The quick brown fox jumps over 1234 lazy dogs."
+    assert state.tokenizer.encode(text) == parsed.encode(text)
