@@ -20,6 +20,7 @@ from kquants import quantize_q4_k, quantize_q6_k
 from tokenizers import Tokenizer
 
 from registry.names import Name
+from runner import generate as generate_module
 from runner import gguf_load, load, server
 from runner.generate import Generator
 from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
@@ -369,3 +370,24 @@ def test_runner_builds_the_gguf_tokenizer_once_and_before_the_weights(model_stor
     parsed = ModelTokenizer(state.loaded.files.files, state.loaded.files.config)
     text = "Hello, world! The quick brown fox jumps over 1234 lazy dogs."
     assert state.tokenizer.encode(text) == parsed.encode(text)
+
+
+def test_decode_on_a_cpu_grows_no_pool_of_freed_buffers(model_store, gguf_model, monkeypatch):
+    """Each decode step frees attention buffers one position larger than the last; MLX's pool
+    kept every one of them until the next release (every 256 tokens), 17 MiB after 64 tokens
+    on the small fixture. On a CPU the loader turns the pool off."""
+    mx.set_cache_limit(1 << 40)  # as a fresh process starts
+    loaded = load_model(model_store, gguf_model("llama", "Q4_0"), "native")
+    pooled: list[int] = []
+    read = generate_module.token_id
+
+    def token_id(y: mx.array) -> int:
+        pooled.append(mx.get_cache_memory())
+        return read(y)
+
+    monkeypatch.setattr(generate_module, "token_id", token_id)
+    tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
+    tokenizer.eos_ids.clear()
+    generator = Generator(loaded.model, tokenizer, loaded.context_length)
+    list(generator.generate(PROMPT, Options(temperature=0, num_predict=24)))
+    assert len(pooled) == 24 and max(pooled) == 0
