@@ -228,6 +228,8 @@ def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
     overrides = getattr(module, "GGUF_BLOCK_NAMES", {})
     expected = _expected_shapes(module, args)
     dense_dtype = file.compute_dtype() if compute == "native" and half_activations() else None
+    head = "lm_head" if "output.weight" in file.tensors else "model.embed_tokens"
+    wide_head = compute == "native" and not half_activations()
     weights: dict[str, mx.array] = {}
     qtypes: dict[str, QuantType] = {}
     for tensor in file.tensors.values():
@@ -249,10 +251,23 @@ def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
             weights[name] = parts["weight"]
             continue
         qtypes[module_name] = qtype
+        if wide_head and module_name == head:
+            parts = widened_scales(parts)
         weights.update({f"{module_name}.{k}": v for k, v in parts.items()})
     if hasattr(module, "from_gguf"):
         weights = module.from_gguf(weights, args)
     return weights, qtypes
+
+
+def widened_scales(parts: dict[str, mx.array]) -> dict[str, mx.array]:
+    """The output head's scales and biases as float32 (exactly: widened from float16), for
+    float32 activations (a CPU's native path). MLX's quantized matmul casts float16 ones to the
+    activations' type on every call: for a head that is vocabulary x hidden / 32 groups twice
+    over (6 MB for 32k x 768), made anew at every decoded token and the request's peak. Held
+    widened, they cost half that, once."""
+    widened = {k: parts[k].astype(mx.float32) for k in ("scales", "biases") if k in parts}
+    mx.eval(*widened.values())
+    return {**parts, **widened}
 
 
 def half_activations() -> bool:

@@ -391,3 +391,22 @@ def test_decode_on_a_cpu_grows_no_pool_of_freed_buffers(model_store, gguf_model,
     generator = Generator(loaded.model, tokenizer, loaded.context_length)
     list(generator.generate(PROMPT, Options(temperature=0, num_predict=24)))
     assert len(pooled) == 24 and max(pooled) == 0
+
+
+def test_cpu_native_head_holds_float32_scales_so_decode_casts_nothing(model_store, gguf_model,
+                                                                      monkeypatch):
+    """With float32 activations MLX would cast a float16 head's scales and biases at every
+    token (the request's peak); the loader widens them once, exactly."""
+    monkeypatch.setattr(gguf_load, "half_activations", lambda: False)
+    loaded = load_model(model_store, gguf_model("llama", "Q4_0"), "native")
+    head = loaded.model.lm_head
+    assert head.scales.dtype == mx.float32 and head.biases.dtype == mx.float32
+    assert mx.array_equal(head.scales.astype(mx.float16).astype(mx.float32), head.scales)
+    assert loaded.model.layers[0].mlp.down_proj.scales.dtype == mx.float16  # only the head
+    x = mx.ones((1, 1, head.scales.shape[-1] * 32), mx.float32)
+    mx.eval(x)
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    mx.eval(head(x))
+    assert mx.get_peak_memory() - before < head.scales.nbytes  # no widened copy made
