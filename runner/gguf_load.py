@@ -265,7 +265,8 @@ def widened_scales(parts: dict[str, mx.array]) -> dict[str, mx.array]:
     activations' type on every call: for a head that is vocabulary x hidden / 32 groups twice
     over (6 MB for 32k x 768), made anew at every decoded token and the request's peak. Held
     widened, they cost half that, once."""
-    widened = {k: parts[k].astype(mx.float32) for k in ("scales", "biases") if k in parts}
+    widened: dict[str, mx.array] = {k: parts[k].astype(mx.float32)
+                                    for k in ("scales", "biases") if k in parts}
     mx.eval(*widened.values())
     return {**parts, **widened}
 
