@@ -153,9 +153,11 @@ class GGUFFile:
         return mx.float16 if kinds - {int(T.F32)} else None
 
 
-def open_gguf(path: Path) -> GGUFFile:
+def open_gguf(path: Path, keep_arrays: bool = True) -> GGUFFile:
+    """The file's header and tensors; `keep_arrays`: with the tokenizer's long arrays (only
+    needed to build its tokenizer files)."""
     try:
-        header = read_header(path, keep_arrays=True)
+        header = read_header(path, keep_arrays=keep_arrays)
     except GGUFError as exc:
         raise GGUFLoadError(f"cannot read GGUF {path.name}: {exc.message}") from exc
     tensors = {t.name: GGUFTensor(t.name, t.ggml_type, t.shape, path,

@@ -51,6 +51,7 @@ from registry.manifests import ModelConfig
 from registry.names import Name
 from registry.safetensors_header import logical_tensors, read_header
 from registry.store import Store
+from runner import gguf_tokenizer
 from runner.gguf_load import (
     GGUFFile,
     GGUFLoadError,
@@ -59,7 +60,7 @@ from runner.gguf_load import (
     open_gguf,
     read_weights,
 )
-from runner.gguf_tokenizer import build_tokenizer, eos_ids
+from runner.gguf_tokenizer import eos_ids
 from runner.kernels import qmatvec
 from runner.models import model_module, model_types, module_for_architecture, module_for_gguf
 from runner.nn.fused_linear import FusedDenseLinear, FusedQuantizedLinear, fused_supported
@@ -150,7 +151,8 @@ def _gguf_files(store: Store, name: str, digest: Digest, files: dict[str, bytes]
     """A GGUF model's config and tokenizer layers, as a safetensors manifest would carry them;
     the manifest's own JSON layers (if any) win."""
     try:
-        gguf = open_gguf(store.blob_path(digest))
+        cached = gguf_tokenizer.cached_files(store, digest)
+        gguf = open_gguf(store.blob_path(digest), keep_arrays=cached is None)
         kv = ensure_metadata(store, digest)["kv"]
         arch = str(kv.get("general.architecture") or "")
         module = module_for_gguf(arch)
@@ -158,10 +160,14 @@ def _gguf_files(store: Store, name: str, digest: Digest, files: dict[str, bytes]
             raise GGUFLoadError(f"GGUF architecture {arch!r} is not supported")
         config = gguf_config(kv, gguf, module)
         config["eos_token_id"] = eos_ids(gguf) or config.get("eos_token_id")
-        built, built_files = build_tokenizer(gguf)
+        built = None
+        if cached is None:  # a model pulled, or created before the cache existed
+            built, cached = gguf_tokenizer.build_tokenizer(gguf)
+            with contextlib.suppress(OSError):  # a read-only store: build it every load
+                gguf_tokenizer.cache_files(store, digest, cached)
         # the manifest's own tokenizer wins
         tokenizer = None if "tokenizer.json" in files else built
-        files = {**built_files, **files}
+        files = {**cached, **files}
         del built
         gguf.drop_arrays()
         trim_heap()  # the tokenizer build's freed buffers, before the weights arrive

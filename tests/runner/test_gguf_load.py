@@ -4,6 +4,7 @@ checkpoint created from safetensors."""
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,10 @@ from gguf_export import export_gguf
 from kquants import quantize_q4_k, quantize_q6_k
 from tokenizers import Tokenizer
 
+from registry import media_types as mt
 from registry.names import Name
 from runner import generate as generate_module
-from runner import gguf_load, load, server
+from runner import gguf_load, gguf_tokenizer, load, server
 from runner.generate import Generator
 from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
 from runner.kv_cache import KVCache, new_caches
@@ -342,12 +344,13 @@ def test_native_cpu_path_keeps_the_kv_cache_at_two_bytes(model_store, gguf_model
     assert _cosine_min(logits, float32.model(mx.array([PROMPT]))) >= 0.98
 
 
-def test_runner_builds_the_gguf_tokenizer_once_and_before_the_weights(model_store, gguf_model,
-                                                                      monkeypatch):
-    """The runner serves with the tokenizer object built from the GGUF's metadata (its JSON is
-    not parsed a second time), built before the weights load so its transient buffers never
-    sit on top of them; it encodes exactly as one parsed from tokenizer.json."""
+def test_runner_builds_the_tokenizer_before_the_weights(model_store, gguf_model, monkeypatch):
+    """The runner's tokenizer is made before the weights load, so its transient buffers never
+    sit on top of them; without the cached files it serves with the object built from the
+    GGUF's metadata (not parsed again from its JSON), which encodes as the parsed one does."""
     name = gguf_model("llama", "Q8_0")
+    digest = _gguf_digest(model_store, name)
+    model_store.derived_path(digest, "tokenizer").unlink()
     events: list[tuple[str, object]] = []
     real_tokenizer, real_load = server.ModelTokenizer, server.load_model
 
@@ -370,6 +373,49 @@ def test_runner_builds_the_gguf_tokenizer_once_and_before_the_weights(model_stor
     parsed = ModelTokenizer(state.loaded.files.files, state.loaded.files.config)
     text = "Hello, world! The quick brown fox jumps over 1234 lazy dogs."
     assert state.tokenizer.encode(text) == parsed.encode(text)
+    assert model_store.derived_path(digest, "tokenizer").is_file()  # cached for the next load
+
+
+def test_tokenizer_files_are_cached_at_create_and_loaded_without_the_arrays(
+        model_store, gguf_model, monkeypatch):
+    """Create caches the tokenizer files beside the blob's metadata; a load then reads the
+    header without the token arrays and builds nothing (their ~100k Python objects left ~5 MiB
+    of the runner's heap resident). A cache of another version is rebuilt."""
+    name = gguf_model("llama", "Q4_0")
+    digest = _gguf_digest(model_store, name)
+    cache = model_store.derived_path(digest, "tokenizer")
+    assert cache.is_file()
+    fresh = load_model(model_store, name, "native").files.files
+
+    def no_build(file):
+        raise AssertionError("built the tokenizer although its files are cached")
+
+    monkeypatch.setattr(gguf_tokenizer, "build_tokenizer", no_build)
+    opened: list[bool] = []
+    real_open = load.open_gguf
+    monkeypatch.setattr(load, "open_gguf", lambda path, keep_arrays=True: (
+        opened.append(keep_arrays), real_open(path, keep_arrays))[1])
+    files = load.read_model_files(model_store, name)
+    assert opened == [False] and files.tokenizer is None
+    assert files.gguf is not None and files.gguf.field("tokenizer.ggml.tokens") is None
+    assert files.files["tokenizer.json"] == fresh["tokenizer.json"]
+    monkeypatch.undo()
+    stale = json.loads(cache.read_text())
+    stale["version"] = -1
+    stale["files"]["tokenizer.json"] = "{}"
+    cache.write_text(json.dumps(stale))
+    assert load.read_model_files(model_store, name).files["tokenizer.json"] == \
+        fresh["tokenizer.json"]
+    assert json.loads(cache.read_text())["version"] == gguf_tokenizer.CACHE_VERSION
+    other = model_store.blob_writer().write_all(b"a blob with files derived from it")
+    model_store.derived_path(other, "tokenizer").write_text("{}")
+    model_store.delete_blob(other)
+    assert not model_store.derived_path(other, "tokenizer").exists()  # gone with its blob
+
+
+def _gguf_digest(store, name: str):
+    manifest = store.get_model(Name.parse_valid(name)).manifest()
+    return next(layer.digest for layer in manifest.layers if layer.media_type == mt.MODEL)
 
 
 def test_decode_on_a_cpu_grows_no_pool_of_freed_buffers(model_store, gguf_model, monkeypatch):
