@@ -28,6 +28,7 @@ from runner.generate import Generator
 from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
 from runner.kv_cache import KVCache, new_caches
 from runner.load import LoadError, load_model
+from runner.prefix_cache import PrefixCache
 from runner.sample import Options
 from runner.tokenizer import ModelTokenizer
 from workflows.create import CreateError, CreateOptions, GGUFFiles, create
@@ -456,3 +457,37 @@ def test_cpu_native_head_holds_float32_scales_so_decode_casts_nothing(model_stor
     mx.reset_peak_memory()
     mx.eval(head(x))
     assert mx.get_peak_memory() - before < head.scales.nbytes  # no widened copy made
+
+
+def test_prefill_never_materialises_the_prompts_logits(model_store, gguf_model):
+    """Prefill evaluates only the KV cache: the [prompt, vocabulary] logits of its chunks are
+    never computed (for a 32k vocabulary and a 2048-token chunk they would be 256 MB). Its
+    peak is measured against the same forward pass with its logits evaluated."""
+    loaded = load_model(model_store, gguf_model("llama", "Q8_0"), "native")
+    tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
+    generator = Generator(loaded.model, tokenizer, loaded.context_length)
+    prompt = [(i * 7919) % 2000 + 8 for i in range(65)]
+    logits = (len(prompt) - 1) * loaded.files.config["vocab_size"] * 4  # float32 rows
+
+    def transient(run) -> int:
+        mx.clear_cache()
+        before = mx.get_active_memory()
+        mx.reset_peak_memory()
+        caches = run()
+        return mx.get_peak_memory() - before - sum(a.nbytes for c in caches for a in c.state)
+
+    def prefill():
+        match = generator.prefix_cache.begin(prompt, generator.make_caches, ())
+        generator.prefill(match)
+        assert match.caches[0].offset == len(prompt) - 1
+        return match.caches
+
+    def forward():
+        caches = new_caches(loaded.model)
+        out = loaded.model(mx.array([prompt[:-1]]), caches)
+        mx.eval(out, [c.state for c in caches])
+        assert out.shape[1] == len(prompt) - 1
+        return caches
+
+    generator.prefix_cache = PrefixCache(0)  # keeps nothing: no copies in the measurement
+    assert transient(prefill) <= transient(forward) - logits / 2
