@@ -120,6 +120,10 @@ def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) 
         on_fail(state.error)
         return
     state.loaded, state.tokenizer = loaded, tokenizer
+    if not is_vision_model(loaded.model):
+        # the tokenizer holds it parsed; its text (1 MB for a 32k vocabulary) is read again
+        # only to find an image placeholder token (runner/media/placeholders.py)
+        loaded.files.files.pop("tokenizer.json", None)
     try:
         state.embedder = build_embedder(loaded.model, loaded.files.config, loaded.files.files,
                                         tokenizer)

@@ -371,7 +371,10 @@ def test_runner_builds_the_tokenizer_before_the_weights(model_store, gguf_model,
     assert isinstance(events[0][1], Tokenizer)
     assert state.tokenizer is not None and state.tokenizer.tokenizer is events[0][1]
     assert state.loaded is not None and state.loaded.files.tokenizer is None
-    parsed = ModelTokenizer(state.loaded.files.files, state.loaded.files.config)
+    files = state.loaded.files.files
+    assert "tokenizer.json" not in files  # a text model's served tokenizer holds it parsed
+    parsed = ModelTokenizer({**files, "tokenizer.json": events[0][1].to_str().encode()},
+                            state.loaded.files.config)
     text = "Hello, world! The quick brown fox jumps over 1234 lazy dogs."
     assert state.tokenizer.encode(text) == parsed.encode(text)
     assert model_store.derived_path(digest, "tokenizer").is_file()  # cached for the next load
