@@ -37,7 +37,7 @@ from starlette.routing import Route
 from registry.store import Store
 from runner.constrain import FormatError, GrammarCompiler, TokenConstraint
 from runner.embed import Embedder, EmbedError, build_embedder, embedding_dimensions
-from runner.generate import ContextError, Done, Generator, fit_prompt
+from runner.generate import ContextError, Done, Generator, fit_prompt, prefill_chunk
 from runner.go_template import GoTemplate, TemplateError
 from runner.load import LoadedModel, load_model, read_model_files, trim_heap
 from runner.logprobs import MAX_TOP, Logprob
@@ -134,7 +134,8 @@ def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) 
     if state.embedder is None:
         state.grammar = GrammarCompiler(tokenizer)
         state.generator = Generator(loaded.model, tokenizer, loaded.context_length,
-                                    state.release, draft=loaded.draft,
+                                    state.release, prefill_chunk(loaded.compute),
+                                    draft=loaded.draft,
                                     prefix_cache=PrefixCache(state.prefix_cache_bytes))
     state.status, state.progress = "ready", 1.0
     print(f"loaded {state.name} in {loaded.load_seconds:.1f}s: compute {loaded.compute}, "
