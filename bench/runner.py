@@ -43,7 +43,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-MAKE_CHECKPOINT = REPO.parent / "shared" / "fixtures" / "make_checkpoint.py"
+SHARED = Path(os.environ.get("FERRY_SHARED_DIR", REPO.parent / "shared"))
+MAKE_CHECKPOINT = SHARED / "fixtures" / "make_checkpoint.py"
 PYTHON = sys.executable
 TARGETS = {"bf16": {"prefill": 5.0, "decode": 2.5}, "int4": {"decode": 5.0, "rss": 1.5}}
 

@@ -55,6 +55,11 @@ class ModelEntry:
         return parse_manifest(self.raw)
 
 
+# files derived from a blob, cached beside its metadata: a GGUF's tokenizer files, built from
+# its metadata arrays (runner/gguf_tokenizer.py) so the runner need not build them each load
+DERIVED_KINDS = ("tokenizer",)
+
+
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write `data` to `path` so readers see the old content or the new, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,12 +121,24 @@ class Store:
 
     def delete_blob(self, digest: Digest) -> None:
         self.blob_path(digest).unlink(missing_ok=True)
+        self._delete_metadata(digest)
+
+    def _delete_metadata(self, digest: Digest) -> None:
         self.metadata_path(digest).unlink(missing_ok=True)
+        for kind in DERIVED_KINDS:
+            self.derived_path(digest, kind).unlink(missing_ok=True)
 
     # -- metadata ------------------------------------------------------------------------------
 
     def metadata_path(self, digest: Digest) -> Path:
         return self.metadata_dir / f"{digest.filename}.json"
+
+    def derived_path(self, digest: Digest, kind: str) -> Path:
+        """A file derived from the blob and cached beside its metadata (`DERIVED_KINDS`),
+        removed with the blob."""
+        if kind not in DERIVED_KINDS:
+            raise ValueError(f"unknown derived file kind {kind!r}")
+        return self.metadata_dir / f"{digest.filename}.{kind}.json"
 
     def read_metadata(self, digest: Digest) -> dict | None:
         try:
@@ -259,7 +276,7 @@ class Store:
                     continue
                 path.unlink(missing_ok=True)
                 if Digest.is_valid(path.name):
-                    self.metadata_path(Digest.parse(path.name)).unlink(missing_ok=True)
+                    self._delete_metadata(Digest.parse(path.name))
                 removed.append(path)
             for directory in (self.manifests_dir, self.metadata_dir):
                 for path in self._iter_files(directory, recursive=True):

@@ -1,9 +1,10 @@
 """A GGUF model layer -> config.json, tokenizer files and MLX weights (issue 13).
 
 The file's header is parsed once (registry.gguf, keeping the tokenizer's long arrays) and each
-tensor's bytes are read when it is converted, so the process never holds more than one source
-tensor beside the converted weights (a memory map would keep every touched page resident until
-the end of the load, doubling the peak); the configuration comes from the per-blob metadata cache
+tensor's bytes are read when it is converted, a block tensor's a slab of rows at a time, so the
+process never holds more than one slab of source bytes (a float tensor's whole bytes) beside the
+converted weights (a memory map would keep every touched page resident until the end of the
+load, doubling the peak); the configuration comes from the per-blob metadata cache
 (`metadata/sha256-<hex>.json`) the model server wrote at create, never from a second pass. The
 `gguf` package supplies llama.cpp's type table and the K-quant dequantizers.
 
@@ -14,9 +15,10 @@ F32/F16/BF16 load as they are, except that on the native path on a GPU the F32 o
 biases) take the file's half type (`GGUFFile.compute_dtype`), so activations and the KV cache
 stay 2 bytes a value as the file's own precision implies (not on a CPU: `half_activations`).
 Q4_0, Q4_1, Q8_0 and Q4_K are affine per 32 values already, so their blocks are repacked into
-MLX affine triples (group size 32) exactly, with no float copy.
-Q5_0/Q5_1/Q5_K, Q6_K, Q3_K and Q2_K are dequantized one tensor at a time and requantized to an
-MLX affine width whose step is no coarser than the source's (6, 8, 4 and 4 bits: a Q3_K or Q2_K
+MLX affine triples (group size 32) exactly, with no float copy. Q6_K is repacked at 6 bits the
+same way, each group of 32 on the step of its coarser sub-block of 16 (`_repack_q6_k`).
+Q5_0/Q5_1/Q5_K, Q3_K and Q2_K are dequantized one tensor at a time and requantized to an MLX
+affine width whose step is no coarser than the source's (6, 4 and 4 bits: a Q3_K or Q2_K
 sub-block of 16 spans at most the range of its group of 32), so no value moves by more than the
 source's own rounding; anything else is refused with the tensor's name and type.
 """
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import gguf
 import mlx.core as mx
@@ -42,7 +44,7 @@ from runner.quant import QuantType
 REQUANT_SLAB_VALUES = 1 << 20  # values dequantized at once when requantizing
 QK = 32  # llama.cpp's block size for Q4_0, Q4_1, Q8_0 (and MLX's group size for them)
 # Requantized types: the MLX affine width whose error is no worse than the source's.
-_REQUANT_BITS = {T.Q5_0: 6, T.Q5_1: 6, T.Q2_K: 4, T.Q3_K: 4, T.Q5_K: 6, T.Q6_K: 8}
+_REQUANT_BITS = {T.Q5_0: 6, T.Q5_1: 6, T.Q2_K: 4, T.Q3_K: 4, T.Q5_K: 6}
 _FLOATS = {T.F32: np.float32, T.F16: np.float16}
 _KNOWN = frozenset(int(t) for t in T)
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -89,9 +91,33 @@ class GGUFTensor:
     @property
     def data(self) -> np.ndarray:
         """Its raw bytes, read now (fewer than `nbytes` if the file is short)."""
+        return self.read(0, self.nbytes)
+
+    def available(self) -> int:
+        """How many of its `nbytes` the file holds."""
+        return max(0, min(self.nbytes, self.path.stat().st_size - self.start))
+
+    def read(self, offset: int, size: int) -> np.ndarray:
+        """`size` bytes of its data from `offset`, read now: a block tensor is converted a
+        slab of rows at a time, so its source bytes are never all in memory at once (a 32k
+        vocabulary's Q8_0 head is 26 MB)."""
         with open(self.path, "rb") as fh:
-            fh.seek(self.start)
-            return np.frombuffer(fh.read(self.nbytes), dtype=np.uint8)
+            fh.seek(self.start + offset)
+            return np.frombuffer(fh.read(size), dtype=np.uint8)
+
+
+class TensorSource(Protocol):
+    """What `convert_tensor` reads: a GGUFTensor, or the same bytes held elsewhere."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tensor_type(self) -> int: ...
+
+    def available(self) -> int: ...
+
+    def read(self, offset: int, size: int) -> np.ndarray: ...
 
 
 @dataclass
@@ -127,9 +153,11 @@ class GGUFFile:
         return mx.float16 if kinds - {int(T.F32)} else None
 
 
-def open_gguf(path: Path) -> GGUFFile:
+def open_gguf(path: Path, keep_arrays: bool = True) -> GGUFFile:
+    """The file's header and tensors; `keep_arrays`: with the tokenizer's long arrays (only
+    needed to build its tokenizer files)."""
     try:
-        header = read_header(path, keep_arrays=True)
+        header = read_header(path, keep_arrays=keep_arrays)
     except GGUFError as exc:
         raise GGUFLoadError(f"cannot read GGUF {path.name}: {exc.message}") from exc
     tensors = {t.name: GGUFTensor(t.name, t.ggml_type, t.shape, path,
@@ -202,6 +230,8 @@ def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
     overrides = getattr(module, "GGUF_BLOCK_NAMES", {})
     expected = _expected_shapes(module, args)
     dense_dtype = file.compute_dtype() if compute == "native" and half_activations() else None
+    head = "lm_head" if "output.weight" in file.tensors else "model.embed_tokens"
+    wide_head = compute == "native" and not half_activations()
     weights: dict[str, mx.array] = {}
     qtypes: dict[str, QuantType] = {}
     for tensor in file.tensors.values():
@@ -223,10 +253,24 @@ def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
             weights[name] = parts["weight"]
             continue
         qtypes[module_name] = qtype
+        if wide_head and module_name == head:
+            parts = widened_scales(parts)
         weights.update({f"{module_name}.{k}": v for k, v in parts.items()})
     if hasattr(module, "from_gguf"):
         weights = module.from_gguf(weights, args)
     return weights, qtypes
+
+
+def widened_scales(parts: dict[str, mx.array]) -> dict[str, mx.array]:
+    """The output head's scales and biases as float32 (exactly: widened from float16), for
+    float32 activations (a CPU's native path). MLX's quantized matmul casts float16 ones to the
+    activations' type on every call: for a head that is vocabulary x hidden / 32 groups twice
+    over (6 MB for 32k x 768), made anew at every decoded token and the request's peak. Held
+    widened, they cost half that, once."""
+    widened: dict[str, mx.array] = {k: parts[k].astype(mx.float32)
+                                    for k in ("scales", "biases") if k in parts}
+    mx.eval(*widened.values())
+    return {**parts, **widened}
 
 
 def half_activations() -> bool:
@@ -245,7 +289,7 @@ def _expected_shapes(module: ModuleType, args: Any) -> dict[str, tuple[int, ...]
         raise GGUFLoadError(f"GGUF metadata does not describe a model: {exc}") from exc
 
 
-def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str,
+def convert_tensor(tensor: TensorSource, shape: tuple[int, ...], compute: str,
                    dense_dtype: mx.Dtype | None = None
                    ) -> tuple[dict[str, mx.array], QuantType | None]:
     """One tensor as MLX arrays: {"weight"} dense, or {"weight", "scales", "biases"} with its
@@ -254,19 +298,21 @@ def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str,
     if int(tensor.tensor_type) not in _KNOWN:
         raise GGUFLoadError(f"GGUF tensor {tensor.name} has unknown type {tensor.tensor_type}")
     kind = T(int(tensor.tensor_type))
-    data = _checked_data(tensor, shape)
+    rows, row_bytes = _checked_rows(tensor, shape)
     if kind in _FLOATS or kind == T.BF16:
-        dense = _dense(data, kind, shape)
+        dense = _dense(_read_rows(tensor, 0, rows, row_bytes), kind, shape)
         if compute == "float32":
             dense = dense.astype(mx.float32)
         elif kind == T.F32 and dense_dtype is not None:
             dense = dense.astype(dense_dtype)
         return {"weight": dense}, None
     if kind in _REPACKED:
-        parts = _in_slabs(data, shape, _REPACKED[kind])
-        qtype = QuantType(kind.name.lower(), 8 if kind == T.Q8_0 else 4, QK, "affine")
+        parts = _in_slabs(tensor, (rows, row_bytes), shape, _REPACKED[kind])
+        bits = _REPACKED_BITS.get(kind, 4)
+        name = kind.name.lower() + (f"-as-int{bits}" if kind in _REPACKED_BITS else "")
+        qtype = QuantType(name, bits, QK, "affine")
     elif kind in _REQUANT_BITS:
-        parts, qtype = _requantize(data, kind, shape)
+        parts, qtype = _requantize(tensor, (rows, row_bytes), kind, shape)
     else:
         raise GGUFLoadError(f"GGUF tensor {tensor.name} has type {kind.name}, which ferry's "
                             "runner cannot load (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
@@ -278,19 +324,23 @@ def convert_tensor(tensor: GGUFTensor, shape: tuple[int, ...], compute: str,
     return parts, qtype
 
 
-def _checked_data(tensor: GGUFTensor, shape: tuple[int, ...]) -> np.ndarray:
-    """The tensor's bytes as [rows, bytes per row]; a short or misshapen one is refused."""
+def _checked_rows(tensor: TensorSource, shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, bytes per row) of the tensor's data; a short or misshapen one is refused."""
     kind = T(int(tensor.tensor_type))
     block, type_size = gguf.GGML_QUANT_SIZES[kind]
     if shape[-1] % block:
         raise GGUFLoadError(f"GGUF tensor {tensor.name}: row of {shape[-1]} is not a whole "
                             f"number of {kind.name} blocks")
-    want = math.prod(shape) // block * type_size
-    data = np.asarray(tensor.data)
-    if data.nbytes != want:
-        raise GGUFLoadError(f"GGUF tensor {tensor.name} is truncated: {data.nbytes} of "
-                            f"{want} bytes")
-    return data.reshape(math.prod(shape[:-1]), -1)
+    rows, row_bytes = math.prod(shape[:-1]), shape[-1] // block * type_size
+    have = tensor.available()
+    if have != rows * row_bytes:
+        raise GGUFLoadError(f"GGUF tensor {tensor.name} is truncated: {have} of "
+                            f"{rows * row_bytes} bytes")
+    return rows, row_bytes
+
+
+def _read_rows(tensor: TensorSource, start: int, count: int, row_bytes: int) -> np.ndarray:
+    return tensor.read(start * row_bytes, count * row_bytes).reshape(count, row_bytes)
 
 
 def _dense(data: np.ndarray, kind: T, shape: tuple[int, ...]) -> mx.array:
@@ -299,14 +349,17 @@ def _dense(data: np.ndarray, kind: T, shape: tuple[int, ...]) -> mx.array:
     return mx.array(data.view(_FLOATS[kind]).reshape(shape))
 
 
-def _in_slabs(data: np.ndarray, shape: tuple[int, ...],
+def _in_slabs(tensor: TensorSource, layout: tuple[int, int], shape: tuple[int, ...],
               repack: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, mx.array]:
-    """Repack `data` ([rows, bytes per row]) a slab of rows at a time, so the unpacked
-    temporaries of a large tensor never exist all at once."""
+    """Repack the tensor's data (`layout`: rows, bytes per row) a slab of rows at a time, read
+    as it goes, so neither its source bytes nor the unpacked temporaries of a large tensor
+    exist all at once."""
+    rows, row_bytes = layout
     step = max(1, REQUANT_SLAB_VALUES // shape[-1])
-    slabs = ({k: mx.array(v) for k, v in repack(data[start:start + step]).items()}
-             for start in range(0, data.shape[0], step))
-    return _assembled(slabs, data.shape[0], shape)
+    slabs = ({k: mx.array(v) for k, v in
+              repack(_read_rows(tensor, start, min(step, rows - start), row_bytes)).items()}
+             for start in range(0, rows, step))
+    return _assembled(slabs, rows, shape)
 
 
 def _assembled(slabs: Iterator[dict[str, mx.array]], rows: int,
@@ -369,24 +422,64 @@ def _repack_q4_k(data: np.ndarray) -> dict[str, np.ndarray]:
             "biases": (-(dmin[..., None] * mins)).astype(np.float16).reshape(rows, -1)}
 
 
+def _repack_q6_k(data: np.ndarray) -> dict[str, np.ndarray]:
+    """Q6_K super-blocks (256 values: 6-bit q, an int8 scale per sub-block of 16, f16 d;
+    w = d sc (q - 32)) as MLX affine 6-bit, group 32. A group holds two sub-blocks; its step is
+    the coarser one's, d sc (bias -32 d sc), so that sub-block is kept exactly and the finer one
+    is rounded to its grid: no value moves by more than half the source's step for its group
+    (MLX has no groups of 16). 7 bits a value where 8-bit took 9, for llama.cpp's Q*_K_M
+    ffn_down and output tensors."""
+    rows = len(data)
+    blocks = data.reshape(-1, 210)
+    count = len(blocks)
+    low = (blocks[:, :128].reshape(count, 2, 1, 64) >> np.array([0, 4], np.uint8)[:, None]) & 15
+    high = (blocks[:, 128:192].reshape(count, 2, 1, 32)
+            >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
+    q = (low.reshape(count, 2, 4, 32) | (high << 4)).reshape(count, 8, 2, 16)
+    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
+    step = (d * blocks[:, 192:208].view(np.int8)).reshape(count, 8, 2)  # per sub-block
+    coarse = np.abs(step[..., 1]) > np.abs(step[..., 0])
+    scale = np.where(coarse, step[..., 1], step[..., 0]).astype(np.float16)  # per group
+    wide = scale.astype(np.float32)[..., None]
+    factor = np.divide(step, wide, out=np.zeros_like(step), where=wide != 0)  # 1 if coarse
+    k = q.astype(np.float32)  # the one float temporary, worked on in place
+    k -= 32
+    k *= factor[..., None]
+    np.rint(k, out=k)
+    k += 32
+    np.clip(k, 0, 63, out=k)
+    fours = k.astype(np.uint8).reshape(rows, -1, 4)
+    del k
+    packed = fours[..., 0].astype(np.uint32)
+    for i in (1, 2, 3):
+        packed |= fours[..., i].astype(np.uint32) << (6 * i)
+    words = np.stack([packed, packed >> 8, packed >> 16], axis=-1).astype(np.uint8)
+    return {"weight": words.reshape(rows, -1).view(np.uint32),
+            "scales": scale.reshape(rows, -1),
+            "biases": (scale * np.float16(-32)).reshape(rows, -1)}
+
+
 _REPACKED: dict[T, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
     T.Q8_0: _repack_q8_0, T.Q4_0: lambda d: _repack_q4(d, False),
-    T.Q4_1: lambda d: _repack_q4(d, True), T.Q4_K: _repack_q4_k,
+    T.Q4_1: lambda d: _repack_q4(d, True), T.Q4_K: _repack_q4_k, T.Q6_K: _repack_q6_k,
 }
+_REPACKED_BITS = {T.Q8_0: 8, T.Q6_K: 6}  # the others: 4
 
 
-def _requantize(data: np.ndarray, kind: T, shape: tuple[int, ...]
+def _requantize(tensor: TensorSource, layout: tuple[int, int], kind: T, shape: tuple[int, ...]
                 ) -> tuple[dict[str, mx.array], QuantType]:
     """Other block types: dequantized and quantized to MLX affine a slab of rows at a time, so
     no float copy of a whole tensor (an output head is the size of the vocabulary) is held."""
     bits = _REQUANT_BITS[kind]
+    rows, row_bytes = layout
     step = max(1, REQUANT_SLAB_VALUES // shape[-1])
 
     def slabs() -> Iterator[dict[str, mx.array]]:
-        for start in range(0, data.shape[0], step):
-            dense = mx.array(gguf.quants.dequantize(data[start:start + step], kind))
+        for start in range(0, rows, step):
+            data = _read_rows(tensor, start, min(step, rows - start), row_bytes)
+            dense = mx.array(gguf.quants.dequantize(data, kind))
             parts = mx.quantize(dense.astype(mx.float16), group_size=QK, bits=bits)
             yield dict(zip(("weight", "scales", "biases"), parts, strict=True))
 
-    parts = _assembled(slabs(), data.shape[0], shape)
+    parts = _assembled(slabs(), rows, shape)
     return parts, QuantType(f"{kind.name.lower()}-as-int{bits}", bits, QK, "affine")

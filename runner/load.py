@@ -41,6 +41,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import psutil
 from mlx.utils import tree_flatten, tree_unflatten
+from tokenizers import Tokenizer
 
 from registry import media_types as mt
 from registry.digests import Digest
@@ -50,8 +51,16 @@ from registry.manifests import ModelConfig
 from registry.names import Name
 from registry.safetensors_header import logical_tensors, read_header
 from registry.store import Store
-from runner.gguf_load import GGUFFile, GGUFLoadError, gguf_config, open_gguf, read_weights
-from runner.gguf_tokenizer import eos_ids, tokenizer_files
+from runner import gguf_tokenizer
+from runner.gguf_load import (
+    GGUFFile,
+    GGUFLoadError,
+    gguf_config,
+    half_activations,
+    open_gguf,
+    read_weights,
+)
+from runner.gguf_tokenizer import eos_ids
 from runner.kernels import qmatvec
 from runner.models import model_module, model_types, module_for_architecture, module_for_gguf
 from runner.nn.fused_linear import FusedDenseLinear, FusedQuantizedLinear, fused_supported
@@ -65,6 +74,8 @@ FLOAT32_BUDGET = 0.7  # share of available memory float32 weights may take under
 DRAFT_PREFIX = "draft."
 EMBEDDING = "model.embed_tokens"  # the token embedding's module path in every architecture
 KV_DTYPE = mx.float16  # the fused path's KV cache for half-precision checkpoints (_stored_dtype)
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD = 1 << 20  # blocks this large are mapped apart, and unmapped when freed
 
 
 class LoadError(RuntimeError):
@@ -85,6 +96,9 @@ class ModelFiles:
     draft_blobs: list[tuple[str, Digest]] = field(default_factory=list)
     draft_prefix: str = DRAFT_PREFIX
     gguf: GGUFFile | None = None  # the open GGUF model layer, until its weights are loaded
+    # a GGUF's tokenizer as built from its metadata, until ModelTokenizer takes it (its
+    # tokenizer.json need not be parsed again)
+    tokenizer: Tokenizer | None = None
 
 
 @dataclass
@@ -137,7 +151,8 @@ def _gguf_files(store: Store, name: str, digest: Digest, files: dict[str, bytes]
     """A GGUF model's config and tokenizer layers, as a safetensors manifest would carry them;
     the manifest's own JSON layers (if any) win."""
     try:
-        gguf = open_gguf(store.blob_path(digest))
+        cached = gguf_tokenizer.cached_files(store, digest)
+        gguf = open_gguf(store.blob_path(digest), keep_arrays=cached is None)
         kv = ensure_metadata(store, digest)["kv"]
         arch = str(kv.get("general.architecture") or "")
         module = module_for_gguf(arch)
@@ -145,13 +160,33 @@ def _gguf_files(store: Store, name: str, digest: Digest, files: dict[str, bytes]
             raise GGUFLoadError(f"GGUF architecture {arch!r} is not supported")
         config = gguf_config(kv, gguf, module)
         config["eos_token_id"] = eos_ids(gguf) or config.get("eos_token_id")
-        files = {**tokenizer_files(gguf), **files}
+        built = None
+        if cached is None:  # a model pulled, or created before the cache existed
+            built, cached = gguf_tokenizer.build_tokenizer(gguf)
+            with contextlib.suppress(OSError):  # a read-only store: build it every load
+                gguf_tokenizer.cache_files(store, digest, cached)
+        # the manifest's own tokenizer wins
+        tokenizer = None if "tokenizer.json" in files else built
+        files = {**cached, **files}
+        del built
         gguf.drop_arrays()
         trim_heap()  # the tokenizer build's freed buffers, before the weights arrive
     except (GGUFLoadError, FerryError) as exc:
         raise LoadError(f"model {name}: {exc}") from exc
     return ModelFiles(config, files, text.get(mt.TEMPLATE, text.get(mt.PROMPT)),
-                      text.get(mt.SYSTEM), params, [], gguf=gguf)
+                      text.get(mt.SYSTEM), params, [], gguf=gguf, tokenizer=tokenizer)
+
+
+def return_large_frees(threshold: int = MMAP_THRESHOLD) -> None:
+    """Have glibc serve every allocation of `threshold` bytes or more from its own mapping,
+    handed back to the OS when freed (mallopt M_MMAP_THRESHOLD; elsewhere nothing). By default
+    the threshold rises to the largest block freed so far (up to 32 MiB): once a GGUF load has
+    freed one tensor's raw bytes (26 MB for a 32k x 768 Q8_0 head), blocks up to that size come
+    from the heap and stay resident after they are freed, under the weights and then under
+    every request. A process-wide setting, for the runner process: on the small fixture's Q8_0
+    GGUF it cut the load's peak RSS by 27 MiB and the first request's by 15 MiB."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold)
 
 
 def trim_heap() -> None:
@@ -386,19 +421,24 @@ def parameter_bytes(model: nn.Module) -> int:
 
 
 def load_model(store: Store, name: str, compute: str = "auto",
-               progress: Progress | None = None, release: Release = mx.clear_cache
-               ) -> LoadedModel:
+               progress: Progress | None = None, release: Release = mx.clear_cache,
+               files: ModelFiles | None = None) -> LoadedModel:
     """Load `name` (and its draft): every tensor blob once, transformed as the compute path
     needs, evaluated, then MLX's buffer pool released so load-time temporaries leave nothing
-    held."""
+    held. `files`: its `read_model_files`, when the caller read them first (the runner builds
+    the tokenizer from them before the weights arrive, so the tokenizer's parse buffers never
+    sit on top of the weights)."""
     started = time.perf_counter()
-    files = read_model_files(store, name)
+    files = read_model_files(store, name) if files is None else files
     path = choose_compute(compute, store, files)
-    if path == "fused":
+    if path == "fused" or mx.default_device().type == mx.DeviceType.cpu:
         # MLX keeps freed buffers for reuse until `release` (every prefill chunk, every 256
         # tokens): prefill's transients (per-layer float32 weights, attention scores) then sit
         # in that pool beside the live ones and raise the peak. Without it, peak RSS fell by
         # ~21 MiB (small fixture, int4) and 28 MiB (medium), decode no slower within noise.
+        # On the native path decode grows the pool too, by the attention buffers whose size
+        # changes every token: ~1.4 MiB every 8 tokens (small fixture, Q4_0 GGUF), 17 MiB held
+        # after 64 tokens. On a CPU a buffer is plain memory, cheap to allocate; not on a GPU.
         mx.set_cache_limit(0)
         pin_mmap_threshold()
     total = max(1, len(files.tensor_blobs) + len(files.draft_blobs))
@@ -410,6 +450,7 @@ def load_model(store: Store, name: str, compute: str = "auto",
     if files.gguf is not None:
         model = load_gguf_weights(name, files.config, files.gguf, path)
         files.gguf = None  # the header and its tokenizer arrays are not needed any more
+        files.tokenizer = None  # a caller that did not take it parses tokenizer.json instead
         step(1)
     else:
         model = load_weights(store, name, files.config, files.tensor_blobs, path, "", step)
@@ -492,6 +533,10 @@ def load_gguf_weights(name: str, config: dict[str, Any], gguf: GGUFFile,
         weights, qtypes = read_weights(gguf, module, model.args, compute)
     except (GGUFLoadError, ValueError) as exc:
         raise LoadError(f"model {name}: {exc}") from exc
+    if compute == "native" and not half_activations() and gguf.compute_dtype() is not None:
+        # float32 activations (a CPU keeps the file's F32 norms): the KV cache still holds
+        # 2 bytes a value, as llama.cpp's does for the same file, not 4
+        model.kv_dtype = KV_DTYPE
     return assign_weights(name, model, weights, qtypes, compute)
 
 

@@ -37,9 +37,9 @@ from starlette.routing import Route
 from registry.store import Store
 from runner.constrain import FormatError, GrammarCompiler, TokenConstraint
 from runner.embed import Embedder, EmbedError, build_embedder, embedding_dimensions
-from runner.generate import ContextError, Done, Generator, fit_prompt
+from runner.generate import ContextError, Done, Generator, fit_prompt, prefill_chunk
 from runner.go_template import GoTemplate, TemplateError
-from runner.load import LoadedModel, load_model, trim_heap
+from runner.load import LoadedModel, load_model, read_model_files, trim_heap
 from runner.logprobs import MAX_TOP, Logprob
 from runner.media.assemble import ImageRequest, assemble, bind, is_vision_model, key_images
 from runner.media.decode import MediaError
@@ -107,14 +107,23 @@ def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) 
         state.progress = fraction
 
     try:
-        loaded = load_model(store, state.name, state.compute_setting, progress, state.release)
-        tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config, loaded.files.template)
-        trim_heap()  # its JSON parse buffers
+        # the tokenizer first: its parse buffers come and go (handed back by trim_heap) before
+        # the weights arrive, instead of raising the peak on top of them
+        files = read_model_files(store, state.name)
+        tokenizer = ModelTokenizer(files.files, files.config, files.template, files.tokenizer)
+        files.tokenizer = None
+        trim_heap()
+        loaded = load_model(store, state.name, state.compute_setting, progress, state.release,
+                            files)
     except Exception as exc:  # any load failure ends the process with its reason
         state.error = f"error loading model {state.name}: {exc}"
         on_fail(state.error)
         return
     state.loaded, state.tokenizer = loaded, tokenizer
+    if not is_vision_model(loaded.model):
+        # the tokenizer holds it parsed; its text (1 MB for a 32k vocabulary) is read again
+        # only to find an image placeholder token (runner/media/placeholders.py)
+        loaded.files.files.pop("tokenizer.json", None)
     try:
         state.embedder = build_embedder(loaded.model, loaded.files.config, loaded.files.files,
                                         tokenizer)
@@ -125,7 +134,8 @@ def load_into(state: RunnerState, store: Store, on_fail: Callable[[str], None]) 
     if state.embedder is None:
         state.grammar = GrammarCompiler(tokenizer)
         state.generator = Generator(loaded.model, tokenizer, loaded.context_length,
-                                    state.release, draft=loaded.draft,
+                                    state.release, prefill_chunk(loaded.compute),
+                                    draft=loaded.draft,
                                     prefix_cache=PrefixCache(state.prefix_cache_bytes))
     state.status, state.progress = "ready", 1.0
     print(f"loaded {state.name} in {loaded.load_seconds:.1f}s: compute {loaded.compute}, "

@@ -68,10 +68,13 @@ def _chat_template(files: dict[str, bytes], tok_config: dict[str, Any]) -> str |
 
 class ModelTokenizer:
     def __init__(self, files: dict[str, bytes], config: dict[str, Any],
-                 modelfile_template: str | None = None) -> None:
+                 modelfile_template: str | None = None,
+                 tokenizer: Tokenizer | None = None) -> None:
+        """`tokenizer`: the object `tokenizer.json` was serialized from, where the caller has
+        it (a GGUF's, built from its metadata), so the JSON is not parsed again."""
         if "tokenizer.json" not in files:
             raise PromptError("model has no tokenizer.json layer")
-        self.tokenizer = Tokenizer.from_str(files["tokenizer.json"].decode())
+        self.tokenizer = tokenizer or Tokenizer.from_str(files["tokenizer.json"].decode())
         tok_config = json.loads(files.get("tokenizer_config.json", b"{}"))
         gen_config = json.loads(files.get("generation_config.json", b"{}"))
         self.special = {key: _token_text(tok_config.get(key)) or "" for key in

@@ -93,7 +93,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from registry.store import Store
+    from runner.load import return_large_frees
     from runner.server import build_app
+
+    return_large_frees()  # before the model's first byte: freed tensors leave nothing resident
 
     server: uvicorn.Server | None = None
     failure: list[str] = []

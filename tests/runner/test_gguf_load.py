@@ -4,9 +4,10 @@ checkpoint created from safetensors."""
 
 from __future__ import annotations
 
+import json
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import gguf
 import mlx.core as mx
@@ -17,13 +18,17 @@ import pytest
 from arch_checkpoints import write_checkpoint
 from gguf_export import export_gguf
 from kquants import quantize_q4_k, quantize_q6_k
+from tokenizers import Tokenizer
 
+from registry import media_types as mt
 from registry.names import Name
-from runner import gguf_load
+from runner import generate as generate_module
+from runner import gguf_load, gguf_tokenizer, load, server
 from runner.generate import Generator
 from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
-from runner.kv_cache import KVCache
+from runner.kv_cache import KVCache, new_caches
 from runner.load import LoadError, load_model
+from runner.prefix_cache import PrefixCache
 from runner.sample import Options
 from runner.tokenizer import ModelTokenizer
 from workflows.create import CreateError, CreateOptions, GGUFFiles, create
@@ -51,6 +56,21 @@ def gguf_model(model_store, make_checkpoint, tmp_path_factory):
         return _made[key]
 
     return build
+
+
+@dataclass
+class RawTensor:
+    """A GGUF tensor's bytes held in memory, read the way convert_tensor reads a file's."""
+
+    name: str
+    tensor_type: int
+    data: np.ndarray
+
+    def available(self) -> int:
+        return self.data.size
+
+    def read(self, offset: int, size: int) -> np.ndarray:
+        return self.data.reshape(-1)[offset:offset + size]
 
 
 def _cosine_min(a: mx.array, b: mx.array) -> float:
@@ -192,8 +212,7 @@ def test_truncated_tensor_data_is_a_clear_load_error(make_checkpoint, tmp_path):
     """What the loader checks itself, for a file that got past create some other way."""
     path = export_gguf(Path(make_checkpoint("llama")), tmp_path / "m.gguf", "Q8_0")
     tensor = open_gguf(path).tensors["blk.0.attn_q.weight"]
-    short = SimpleNamespace(name=tensor.name, tensor_type=tensor.tensor_type,
-                            data=tensor.data[:-1])
+    short = RawTensor(tensor.name, tensor.tensor_type, tensor.data[:-1])
     with pytest.raises(GGUFLoadError, match=r"blk\.0\.attn_q\.weight is truncated"):
         convert_tensor(short, (128, 128), "native")
 
@@ -209,13 +228,12 @@ def test_gguf_tensor_disagreeing_with_its_metadata_is_named(model_store, make_ch
 
 
 @pytest.mark.parametrize("kind,quantizer,bits", [("Q4_K", quantize_q4_k, 4),
-                                                 ("Q6_K", quantize_q6_k, 8)])
+                                                 ("Q6_K", quantize_q6_k, 6)])
 def test_k_quant_tensor_becomes_mlx_affine_no_coarser_than_its_source(kind, quantizer, bits):
     x = np.random.default_rng(1).standard_normal((64, 512)).astype(np.float32) * 0.02
     raw = quantizer(x)
     source = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind))
-    tensor = SimpleNamespace(name="blk.0.attn_q.weight", data=raw,
-                             tensor_type=getattr(gguf.GGMLQuantizationType, kind))
+    tensor = RawTensor("blk.0.attn_q.weight", getattr(gguf.GGMLQuantizationType, kind), raw)
     parts, qtype = convert_tensor(tensor, (64, 512), "native")
     assert qtype is not None and qtype.bits == bits and qtype.group_size == 32
     ours = np.array(mx.dequantize(parts["weight"], parts["scales"], parts["biases"],
@@ -226,6 +244,33 @@ def test_k_quant_tensor_becomes_mlx_affine_no_coarser_than_its_source(kind, quan
         assert np.abs(ours - source).max() <= 1e-4
 
 
+def test_q6_k_keeps_each_groups_coarser_sub_block_and_rounds_the_finer_to_its_step():
+    """MLX has no groups of 16: a group of 32 takes the step of its coarser Q6_K sub-block, so
+    that one is kept (to the f16 rounding of its step) and the finer one moves by at most half
+    that step; stored at 6 bits, not the 8 a float requantization needed."""
+    x = np.random.default_rng(3).standard_normal((8, 1024)).astype(np.float32) * 0.02
+    x[:, 16:32] *= 4  # a coarse second sub-block
+    x[:, 40:48] *= -6  # a coarse first sub-block of a negative scale
+    raw = quantize_q6_k(x)
+    source = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K)
+    tensor = RawTensor("output.weight", gguf.GGMLQuantizationType.Q6_K, raw)
+    parts, qtype = convert_tensor(tensor, (8, 1024), "native")
+    assert qtype is not None and (qtype.bits, qtype.group_size) == (6, 32)
+    assert parts["weight"].shape == (8, 1024 * 6 // 32)
+    wide = [parts[k].astype(mx.float32) for k in ("scales", "biases")]  # no f16 arithmetic
+    ours = np.array(mx.dequantize(parts["weight"], *wide, group_size=32, bits=6))
+    # each sub-block's step: its values are multiples of it
+    blocks = raw.reshape(-1, 210)
+    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
+    step = np.abs(d * blocks[:, 192:208].view(np.int8)).reshape(8, -1, 2)
+    coarse = step.max(-1, keepdims=True)
+    move = np.abs(ours - source).reshape(8, -1, 2, 16)
+    kept = (step == coarse)[..., None]
+    assert (move <= np.where(kept, 2 ** -11 * np.abs(source).reshape(move.shape),
+                             coarse[..., None] / 2 * (1 + 2 ** -9))).all()
+    assert kept.any() and (~kept).any()
+
+
 def test_q4_k_m_gguf_logits_close_to_float(model_store, make_checkpoint, tmp_path):
     checkpoint = write_checkpoint(tmp_path / "wide", "llama", Path(make_checkpoint("llama")),
                                   hidden_size=256, intermediate_size=512, head_dim=64,
@@ -234,7 +279,7 @@ def test_q4_k_m_gguf_logits_close_to_float(model_store, make_checkpoint, tmp_pat
     name = _create_raw(model_store, path.read_bytes(), "test/gguf-q4km")
     loaded = load_model(model_store, name, "native")
     assert loaded.model.layers[0].self_attn.q_proj.bits == 4
-    assert loaded.model.layers[0].mlp.down_proj.bits == 8  # Q6_K: requantized at 8 bits
+    assert loaded.model.layers[0].mlp.down_proj.bits == 6  # Q6_K: repacked at 6 bits
     reference, _ = mlx_lm.load(str(checkpoint))
     reference.set_dtype(mx.float32)
     tokens = mx.array([PROMPT])
@@ -244,8 +289,7 @@ def test_q4_k_m_gguf_logits_close_to_float(model_store, make_checkpoint, tmp_pat
 def test_unsupported_quant_type_is_refused_naming_tensor_and_type():
     kind = gguf.GGMLQuantizationType.IQ2_XXS
     block, size = gguf.GGML_QUANT_SIZES[kind]
-    tensor = SimpleNamespace(name="blk.3.ffn_up.weight", tensor_type=kind,
-                             data=np.zeros((4, 256 // block * size), np.uint8))
+    tensor = RawTensor("blk.3.ffn_up.weight", kind, np.zeros((4, 256 // block * size), np.uint8))
     with pytest.raises(GGUFLoadError, match=r"blk\.3\.ffn_up\.weight has type IQ2_XXS"):
         convert_tensor(tensor, (4, 256), "native")
 
@@ -256,10 +300,218 @@ def test_requantized_tensor_is_built_in_place_not_beside_its_slabs(monkeypatch):
     monkeypatch.setattr(gguf_load, "REQUANT_SLAB_VALUES", 1 << 15)  # 16 rows of 2048: 32 slabs
     kind = gguf.GGMLQuantizationType.Q6_K
     x = np.random.default_rng(2).standard_normal((512, 2048)).astype(np.float32) * 0.02
-    tensor = SimpleNamespace(name="output.weight", data=quantize_q6_k(x), tensor_type=kind)
+    tensor = RawTensor("output.weight", kind, quantize_q6_k(x))
     mx.clear_cache()
     before = mx.get_active_memory()
     mx.reset_peak_memory()
     parts, _ = convert_tensor(tensor, (512, 2048), "native")
     held = sum(p.nbytes for p in parts.values())
     assert mx.get_peak_memory() - before <= 1.3 * held
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q6_K"])
+def test_block_tensor_source_is_read_a_slab_at_a_time(monkeypatch, kind):
+    """A block tensor's bytes are read a slab of rows at a time as it is converted (a 32k x 768
+    Q8_0 head is 26 MB that would otherwise sit beside the weights), with the same result."""
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    x = np.random.default_rng(4).standard_normal((64, 512)).astype(np.float32) * 0.02
+    raw = quantize_q6_k(x) if kind == "Q6_K" else gguf.quants.quantize(x, qtype)
+    whole, _ = convert_tensor(RawTensor("output.weight", qtype, raw), (64, 512), "native")
+    reads: list[int] = []
+
+    class Counted(RawTensor):
+        def read(self, offset: int, size: int) -> np.ndarray:
+            reads.append(size)
+            return super().read(offset, size)
+
+    monkeypatch.setattr(gguf_load, "REQUANT_SLAB_VALUES", 8 * 512)  # 8 rows a slab
+    parts, _ = convert_tensor(Counted("output.weight", qtype, raw), (64, 512), "native")
+    assert len(reads) == 8 and max(reads) == raw.nbytes // 8
+    for key, value in whole.items():
+        assert mx.array_equal(parts[key], value)
+
+
+def test_native_cpu_path_keeps_the_kv_cache_at_two_bytes(model_store, gguf_model, monkeypatch):
+    """On a CPU the file's F32 norms keep activations float32 (fast kernels); the KV cache is
+    still float16, the 2 bytes a value llama.cpp stores for the same file, not 4."""
+    monkeypatch.setattr(gguf_load, "half_activations", lambda: False)
+    monkeypatch.setattr(load, "half_activations", lambda: False)
+    loaded = load_model(model_store, gguf_model("llama", "Q4_0"), "native")
+    caches = new_caches(loaded.model)
+    logits = loaded.model(mx.array([PROMPT]), caches)
+    assert logits.dtype == mx.float32
+    assert {a.dtype for c in caches for a in c.state} == {mx.float16}
+    float32 = load_model(model_store, gguf_model("llama", "Q4_0"), "float32")
+    assert _cosine_min(logits, float32.model(mx.array([PROMPT]))) >= 0.98
+
+
+def test_runner_builds_the_tokenizer_before_the_weights(model_store, gguf_model, monkeypatch):
+    """The runner's tokenizer is made before the weights load, so its transient buffers never
+    sit on top of them; without the cached files it serves with the object built from the
+    GGUF's metadata (not parsed again from its JSON), which encodes as the parsed one does."""
+    name = gguf_model("llama", "Q8_0")
+    digest = _gguf_digest(model_store, name)
+    model_store.derived_path(digest, "tokenizer").unlink()
+    events: list[tuple[str, object]] = []
+    real_tokenizer, real_load = server.ModelTokenizer, server.load_model
+
+    def tokenizer(*args, **kwargs):
+        events.append(("tokenizer", args[3] if len(args) > 3 else None))
+        return real_tokenizer(*args, **kwargs)
+
+    def weights(*args, **kwargs):
+        events.append(("weights", None))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(server, "ModelTokenizer", tokenizer)
+    monkeypatch.setattr(server, "load_model", weights)
+    state = server.RunnerState(name, "native", mx.clear_cache)
+    server.load_into(state, model_store, pytest.fail)
+    assert [kind for kind, _ in events] == ["tokenizer", "weights"]
+    assert isinstance(events[0][1], Tokenizer)
+    assert state.tokenizer is not None and state.tokenizer.tokenizer is events[0][1]
+    assert state.loaded is not None and state.loaded.files.tokenizer is None
+    files = state.loaded.files.files
+    assert "tokenizer.json" not in files  # a text model's served tokenizer holds it parsed
+    parsed = ModelTokenizer({**files, "tokenizer.json": events[0][1].to_str().encode()},
+                            state.loaded.files.config)
+    text = "Hello, world! The quick brown fox jumps over 1234 lazy dogs."
+    assert state.tokenizer.encode(text) == parsed.encode(text)
+    assert model_store.derived_path(digest, "tokenizer").is_file()  # cached for the next load
+
+
+def test_tokenizer_files_are_cached_at_create_and_loaded_without_the_arrays(
+        model_store, gguf_model, monkeypatch):
+    """Create caches the tokenizer files beside the blob's metadata; a load then reads the
+    header without the token arrays and builds nothing (their ~100k Python objects left ~5 MiB
+    of the runner's heap resident). A cache of another version is rebuilt."""
+    name = gguf_model("llama", "Q4_0")
+    digest = _gguf_digest(model_store, name)
+    cache = model_store.derived_path(digest, "tokenizer")
+    assert cache.is_file()
+    fresh = load_model(model_store, name, "native").files.files
+
+    def no_build(file):
+        raise AssertionError("built the tokenizer although its files are cached")
+
+    monkeypatch.setattr(gguf_tokenizer, "build_tokenizer", no_build)
+    opened: list[bool] = []
+    real_open = load.open_gguf
+    monkeypatch.setattr(load, "open_gguf", lambda path, keep_arrays=True: (
+        opened.append(keep_arrays), real_open(path, keep_arrays))[1])
+    files = load.read_model_files(model_store, name)
+    assert opened == [False] and files.tokenizer is None
+    assert files.gguf is not None and files.gguf.field("tokenizer.ggml.tokens") is None
+    assert files.files["tokenizer.json"] == fresh["tokenizer.json"]
+    monkeypatch.undo()
+    stale = json.loads(cache.read_text())
+    stale["version"] = -1
+    stale["files"]["tokenizer.json"] = "{}"
+    cache.write_text(json.dumps(stale))
+    assert load.read_model_files(model_store, name).files["tokenizer.json"] == \
+        fresh["tokenizer.json"]
+    assert json.loads(cache.read_text())["version"] == gguf_tokenizer.CACHE_VERSION
+    other = model_store.blob_writer().write_all(b"a blob with files derived from it")
+    model_store.derived_path(other, "tokenizer").write_text("{}")
+    model_store.delete_blob(other)
+    assert not model_store.derived_path(other, "tokenizer").exists()  # gone with its blob
+
+
+def _gguf_digest(store, name: str):
+    manifest = store.get_model(Name.parse_valid(name)).manifest()
+    return next(layer.digest for layer in manifest.layers if layer.media_type == mt.MODEL)
+
+
+def test_decode_on_a_cpu_grows_no_pool_of_freed_buffers(model_store, gguf_model, monkeypatch):
+    """Each decode step frees attention buffers one position larger than the last; MLX's pool
+    kept every one of them until the next release (every 256 tokens), 17 MiB after 64 tokens
+    on the small fixture. On a CPU the loader turns the pool off."""
+    mx.set_cache_limit(1 << 40)  # as a fresh process starts
+    loaded = load_model(model_store, gguf_model("llama", "Q4_0"), "native")
+    pooled: list[int] = []
+    read = generate_module.token_id
+
+    def token_id(y: mx.array) -> int:
+        pooled.append(mx.get_cache_memory())
+        return read(y)
+
+    monkeypatch.setattr(generate_module, "token_id", token_id)
+    tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
+    tokenizer.eos_ids.clear()
+    generator = Generator(loaded.model, tokenizer, loaded.context_length)
+    list(generator.generate(PROMPT, Options(temperature=0, num_predict=24)))
+    assert len(pooled) == 24 and max(pooled) == 0
+
+
+def test_cpu_native_head_holds_float32_scales_so_decode_casts_nothing(model_store, gguf_model,
+                                                                      monkeypatch):
+    """With float32 activations MLX would cast a float16 head's scales and biases at every
+    token (the request's peak); the loader widens them once, exactly."""
+    monkeypatch.setattr(gguf_load, "half_activations", lambda: False)
+    loaded = load_model(model_store, gguf_model("llama", "Q4_0"), "native")
+    head = loaded.model.lm_head
+    assert head.scales.dtype == mx.float32 and head.biases.dtype == mx.float32
+    assert mx.array_equal(head.scales.astype(mx.float16).astype(mx.float32), head.scales)
+    assert loaded.model.layers[0].mlp.down_proj.scales.dtype == mx.float16  # only the head
+    x = mx.ones((1, 1, head.scales.shape[-1] * 32), mx.float32)
+    mx.eval(x)
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    mx.eval(head(x))
+    assert mx.get_peak_memory() - before < head.scales.nbytes  # no widened copy made
+
+
+def test_prefill_never_materialises_the_prompts_logits(model_store, gguf_model):
+    """Prefill evaluates only the KV cache: the [prompt, vocabulary] logits of its chunks are
+    never computed (for a 32k vocabulary and a 2048-token chunk they would be 256 MB). Its
+    peak is measured against the same forward pass with its logits evaluated."""
+    loaded = load_model(model_store, gguf_model("llama", "Q8_0"), "native")
+    tokenizer = ModelTokenizer(loaded.files.files, loaded.files.config)
+    generator = Generator(loaded.model, tokenizer, loaded.context_length)
+    prompt = [(i * 7919) % 2000 + 8 for i in range(65)]
+    logits = (len(prompt) - 1) * loaded.files.config["vocab_size"] * 4  # float32 rows
+
+    def transient(run) -> int:
+        mx.clear_cache()
+        before = mx.get_active_memory()
+        mx.reset_peak_memory()
+        caches = run()
+        return mx.get_peak_memory() - before - sum(a.nbytes for c in caches for a in c.state)
+
+    def prefill():
+        match = generator.prefix_cache.begin(prompt, generator.make_caches, ())
+        generator.prefill(match)
+        assert match.caches[0].offset == len(prompt) - 1
+        return match.caches
+
+    def forward():
+        caches = new_caches(loaded.model)
+        out = loaded.model(mx.array([prompt[:-1]]), caches)
+        mx.eval(out, [c.state for c in caches])
+        assert out.shape[1] == len(prompt) - 1
+        return caches
+
+    generator.prefix_cache = PrefixCache(0)  # keeps nothing: no copies in the measurement
+    assert transient(prefill) <= transient(forward) - logits / 2
+
+
+def test_cpu_native_runner_prefills_in_short_chunks(model_store, gguf_model):
+    """On a CPU the native path's runner prefills 64 tokens at a time (no slower there, and a
+    quarter of a 256-token chunk's working memory); the cache it fills is the one-chunk one."""
+    name = gguf_model("llama", "Q4_0")
+    state = server.RunnerState(name, "native", mx.clear_cache)
+    server.load_into(state, model_store, pytest.fail)
+    assert state.generator is not None and state.generator.prefill_chunk == 64
+    assert generate_module.prefill_chunk("float32") == generate_module.PREFILL_CHUNK
+    prompt = [(i * 7919) % 2000 + 8 for i in range(200)]
+
+    def last_logits(generator: Generator) -> mx.array:
+        match = generator.prefix_cache.begin(prompt, generator.make_caches, ())
+        generator.prefill(match)
+        return generator.model(mx.array([prompt[-1:]]), match.caches)
+
+    whole = Generator(state.generator.model, state.generator.tokenizer, 4096,
+                      prefill_chunk=generate_module.PREFILL_CHUNK, prefix_cache=PrefixCache(0))
+    state.generator.prefix_cache = PrefixCache(0)
+    assert _cosine_min(last_logits(state.generator), last_logits(whole)) >= 0.9999

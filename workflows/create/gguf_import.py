@@ -60,7 +60,20 @@ def _wrap(rel: str, digest: Digest, store: Store) -> tuple[Descriptor, GGUFHeade
         raise CreateError("GGUF model has no tokenizer (tokenizer.ggml.tokens); nothing can "
                           "run it", rel)
     ensure_metadata(store, digest)
+    if media_type == mt.MODEL:
+        _cache_tokenizer(store, digest)
     return Descriptor(media_type, digest, store.blob_size(digest)), header
+
+
+def _cache_tokenizer(store: Store, digest: Digest) -> None:
+    """The runner's tokenizer files for the model, built once here (runner/gguf_tokenizer.py);
+    imported late: it needs the runner's libraries (MLX, tokenizers), which the server does not
+    need to start, and where they are missing the runner builds the files at its first load."""
+    try:
+        from runner.gguf_tokenizer import ensure_cached
+    except ImportError:
+        return
+    ensure_cached(store, digest)
 
 
 def _media_type(header: GGUFHeader) -> str:
