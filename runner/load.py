@@ -184,7 +184,9 @@ def return_large_frees(threshold: int = MMAP_THRESHOLD) -> None:
     freed one tensor's raw bytes (26 MB for a 32k x 768 Q8_0 head), blocks up to that size come
     from the heap and stay resident after they are freed, under the weights and then under
     every request. A process-wide setting, for the runner process: on the small fixture's Q8_0
-    GGUF it cut the load's peak RSS by 27 MiB and the first request's by 15 MiB."""
+    GGUF it cut the load's peak RSS by 27 MiB and the first request's by 15 MiB; the medium
+    int4 model's runner held 616 MiB after a 608-token request without it, 519 MiB with it
+    (prefill's per-layer float32 weights and attention scores, freed, left resident)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold)
 
@@ -195,21 +197,6 @@ def trim_heap() -> None:
     resident, under the weights loaded next."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD_BYTES = 256 * 1024
-
-
-def pin_mmap_threshold() -> None:
-    """Serve every C allocation of 256 KiB or more with its own mmap, returned to the OS when
-    freed (glibc's mallopt; elsewhere nothing). glibc otherwise raises that threshold to the
-    size of each large block freed (up to 32 MiB), so the next prefill's transients (per-layer
-    float32 weights, attention scores: MBs each, freed at once when MLX keeps no pool) come from
-    the heap and stay resident after the request: the medium int4 model's runner held 616 MiB
-    after a 608-token request with it, 519 MiB pinned (bench/runner.py's model, same request)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 def _config_blob(store: Store, digest: Digest | None) -> ModelConfig:
@@ -440,7 +427,6 @@ def load_model(store: Store, name: str, compute: str = "auto",
         # changes every token: ~1.4 MiB every 8 tokens (small fixture, Q4_0 GGUF), 17 MiB held
         # after 64 tokens. On a CPU a buffer is plain memory, cheap to allocate; not on a GPU.
         mx.set_cache_limit(0)
-        pin_mmap_threshold()
     total = max(1, len(files.tensor_blobs) + len(files.draft_blobs))
 
     def step(done: int) -> None:
