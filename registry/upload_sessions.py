@@ -18,6 +18,7 @@ identified by a random id the server chose, and its bytes are only those the cli
 from __future__ import annotations
 
 import secrets
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterable, Callable
@@ -26,7 +27,7 @@ from typing import Protocol
 
 from registry.blob_writer import BlobWriter, reserve_temp
 from registry.digests import Digest
-from registry.errors import FerryError
+from registry.errors import FerryError, TooLarge
 
 UPLOAD_REF_PREFIX = "upload:"
 MAX_OPEN_UPLOADS = 1024  # a create names at most max_create_files (1024) files
@@ -186,11 +187,19 @@ class Uploads:
         self._lock = threading.Lock()
 
     def start(self, size: int) -> Upload:
-        """A new session for `size` bytes; abandoned ones are swept first."""
+        """A new session for `size` bytes; abandoned ones are swept first. The file is reserved
+        sparse, so a declared size the disk cannot hold (beside what open sessions still
+        expect) is refused here, with a 413, not after gigabytes arrived."""
         self.sweep()
+        self.blobs_dir.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.blobs_dir).free
         with self._lock:
-            if sum(not u.finished for u in self._sessions.values()) >= self.max_open:
+            open_sessions = [u for u in self._sessions.values() if not u.finished]
+            if len(open_sessions) >= self.max_open:
                 raise UploadFailed(f"too many open uploads (at most {self.max_open})")
+            expected = sum(u.size - u.received for u in open_sessions)
+            if size > free - expected:
+                raise TooLarge("the upload", max(free - expected, 0), size)
             upload = Upload(secrets.token_hex(16), size, self.blobs_dir, self.stall_seconds,
                             self.activity)
             self._sessions[upload.id] = upload
