@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,12 +17,29 @@ class CLIError(Exception):
     """A one-line error the CLI prints before exiting with status 1."""
 
 
+def server_verify(settings: Settings) -> ssl.SSLContext | bool:
+    """How every CLI connection to the model server checks its certificate: a `ferry serve
+    --tls-cert` signed by a private CA is trusted through SSL_CERT_FILE, else system trust."""
+    return build_ssl_context(settings.ssl_cert_file) if settings.ssl_cert_file else True
+
+
+def unreachable(base_url: str, exc: Exception) -> CLIError:
+    """The one-line error for a server this client cannot reach or does not trust."""
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return CLIError(f"the ferry server at {base_url} has a certificate this client "
+                        "does not trust; point SSL_CERT_FILE at its CA bundle")
+    return CLIError(
+        f"could not connect to the ferry server at {base_url} ({exc.__class__.__name__});"
+        " start it with `ferry serve`"
+    )
+
+
 class ServerClient:
     def __init__(self, settings: Settings, timeout: float | None = 30.0) -> None:
         self.settings = settings
         self.base_url = settings.base_url
-        verify = build_ssl_context(settings.ssl_cert_file) if settings.ssl_cert_file else True
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, verify=verify)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout,
+                                  verify=server_verify(settings))
 
     def close(self) -> None:
         self._http.close()
@@ -33,13 +51,7 @@ class ServerClient:
         self.close()
 
     def _unreachable(self, exc: Exception) -> CLIError:
-        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
-            return CLIError(f"the ferry server at {self.base_url} has a certificate this client "
-                            "does not trust; point SSL_CERT_FILE at its CA bundle")
-        return CLIError(
-            f"could not connect to the ferry server at {self.base_url} ({exc.__class__.__name__});"
-            " start it with `ferry serve`"
-        )
+        return unreachable(self.base_url, exc)
 
     def request(self, method: str, path: str, body: Any = None,
                 timeout: float | None = None) -> httpx.Response:

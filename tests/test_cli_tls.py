@@ -85,7 +85,8 @@ def test_registry_serve_speaks_https_with_auth_and_the_client_trusts_the_ca(
 
 
 def test_model_server_speaks_https_from_the_environment_and_the_cli_trusts_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        make_checkpoint) -> None:
     from ferry.cli import main
 
     cert, key, ca = write_cert(tmp_path)
@@ -97,9 +98,16 @@ def test_model_server_speaks_https_from_the_environment_and_the_cli_trusts_it(
         monkeypatch.setenv("FERRY_HOST", f"https://127.0.0.1:{port}")
         monkeypatch.setenv("SSL_CERT_FILE", ca)
         assert main(["list"]) == 0
+        # create streams the weights over its own connections: they trust the CA too
+        (tmp_path / "Modelfile").write_text(f"FROM {make_checkpoint('llama')}\n")
+        assert main(["create", "me/tls", "-f", str(tmp_path / "Modelfile"), "-q", "int4"]) == 0
+        assert main(["show", "me/tls"]) == 0
+        capsys.readouterr()
         monkeypatch.delenv("SSL_CERT_FILE")
         assert main(["list"]) == 1
         assert "point SSL_CERT_FILE at its CA bundle" in capsys.readouterr().err
+        assert main(["create", "me/tls2", "-f", str(tmp_path / "Modelfile")]) == 1
+        assert "SSL_CERT_FILE" in capsys.readouterr().err
 
 
 def test_tls_needs_both_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

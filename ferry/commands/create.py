@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
 
-from ferry.client import CLIError, ServerClient, error_text
+from ferry.client import CLIError, ServerClient, error_text, server_verify, unreachable
 from ferry.config import Settings
 from ferry.digest_cache import DigestCache
 from registry.digests import Digest, Hasher, sha256_file
@@ -140,6 +141,8 @@ def upload_blob(http: httpx.Client, digest: Digest, path: Path,
             if head.status_code != 404:
                 raise CLIError(error_text(head))
             response = http.post(f"/api/blobs/{digest}", content=_chunks(path, on_chunk))
+        except httpx.ConnectError as exc:  # no server there, or one this client does not trust
+            raise unreachable(str(http.base_url).rstrip("/"), exc) from exc
         except httpx.TransportError as exc:
             if attempt + 1 == UPLOAD_ATTEMPTS:
                 raise CLIError(f"uploading {path.name} failed: {exc}") from exc
@@ -169,17 +172,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     timeout = httpx.Timeout(30.0, read=600.0, write=600.0)
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                   console=console) as bars, \
-            httpx.Client(base_url=settings.base_url, timeout=timeout) as http:
+            httpx.Client(base_url=settings.base_url, timeout=timeout,
+                         verify=server_verify(settings)) as http:
         try:
             refs, streams = _prepare_uploads(http, uploads, cache, bars)
         except httpx.ConnectError as exc:
-            raise CLIError(f"could not connect to the ferry server at {settings.base_url};"
-                           " start it with `ferry serve`") from exc
+            raise unreachable(settings.base_url, exc) from exc
         for field in ("files", "draft_files"):
             if field in body:
                 prefix = "files/" if field == "files" else "draft/"
                 body[field] = {rel: refs[prefix + rel] for rel in body[field]}
-        sender = StreamedUploads(settings.base_url, timeout, streams, cache, bars)
+        sender = StreamedUploads(settings.base_url, timeout, streams, cache, bars,
+                                 verify=server_verify(settings))
         with sender, ServerClient(settings) as client:
             try:
                 _render(client.stream("/api/create", body), bars)
@@ -258,10 +262,10 @@ class StreamedUploads:
 
     def __init__(self, base_url: str, timeout: httpx.Timeout,
                  streams: dict[str, tuple[str, Path]], cache: DigestCache,
-                 bars: Progress) -> None:
+                 bars: Progress, verify: ssl.SSLContext | bool = True) -> None:
         self.streams = sorted(streams.items(), key=lambda kv: kv[1][0])
         self.cache, self.bars = cache, bars
-        self._http = httpx.Client(base_url=base_url, timeout=timeout)
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, verify=verify)
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ferry-upload", daemon=True)
