@@ -50,4 +50,4 @@ test: install-dev system-deps
 
 lint: install-dev
 	$(BIN)/ruff check .
-	$(BIN)/mypy registry workflows server runner
+	$(BIN)/mypy ferry registry workflows server runner

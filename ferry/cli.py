@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and (spill is None or any(word.startswith("-") for word in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
-        getattr(args, spill).extend(extra)
+        getattr(args, str(spill)).extend(extra)
     if args.command is None:
         parser.print_help()
         return 0

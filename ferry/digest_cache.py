@@ -42,7 +42,7 @@ class DigestCache:
         try:
             if entry.get("stat") != _identity(path):
                 return None
-            return Digest.parse(entry.get("digest"))
+            return Digest.parse(str(entry.get("digest")))
         except (OSError, ValueError, InvalidDigest):
             return None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ferry.client import CLIError
 from ferry.config import Settings
@@ -18,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def tls_options(settings: Settings) -> dict[str, str]:
+def tls_options(settings: Settings) -> dict[str, Any]:
     """uvicorn's ssl arguments for the settings' certificate, or none for plain http."""
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise CLIError("TLS needs both a certificate and its key (--tls-cert and --tls-key)")

@@ -94,3 +94,6 @@ class BlobStore(Protocol):
 
     def redirect_url(self, key: str) -> str | None:
         """A URL the client may fetch `key` from directly; None means the caller serves it."""
+
+    def close(self) -> None:
+        """Release what the store holds open (threads, connections) when a command is done."""
