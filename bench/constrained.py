@@ -23,7 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-MAKE_CHECKPOINT = REPO.parent / "shared" / "fixtures" / "make_checkpoint.py"
+SHARED = REPO / "shared" if (REPO / "shared").is_dir() else REPO.parent / "shared"  # worktrees
+MAKE_CHECKPOINT = SHARED / "fixtures" / "make_checkpoint.py"
 SCHEMA = {"type": "object", "properties": {"notes": {"type": "string"}}, "required": ["notes"]}
 
 

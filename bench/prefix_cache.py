@@ -32,7 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "runner"))
-MAKE_CHECKPOINT = REPO.parent / "shared" / "fixtures" / "make_checkpoint.py"
+SHARED = REPO / "shared" if (REPO / "shared").is_dir() else REPO.parent / "shared"  # worktrees
+MAKE_CHECKPOINT = SHARED / "fixtures" / "make_checkpoint.py"
 
 BENCH_CONFIG = dict(hidden_size=512, intermediate_size=1536, num_attention_heads=8,
                     num_key_value_heads=2, head_dim=64, mamba_num_heads=16, mamba_head_dim=32,
