@@ -375,6 +375,15 @@ def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return expected_shapes(dataclasses.asdict(args))
 
 
+def optional_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """The MTP head's tensors, when the config declares one: a checkpoint may leave the head
+    out (it then loads without a draft), but one that carries any of it must carry all of it,
+    each in its shape."""
+    from runner.models import _nemotron_h_mtp as mtp  # it builds on this file
+
+    return mtp.tensor_shapes(args.mtp_config) if args.mtp_config is not None else {}
+
+
 def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The layout from config.json's own keys (older configs' spellings included)."""
     hidden, vocab = _positive(config, "hidden_size"), _positive(config, "vocab_size")

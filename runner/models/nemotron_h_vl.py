@@ -225,6 +225,11 @@ def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
+def optional_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """The language model's MTP head, under its prefix (see nemotron_h's)."""
+    return {f"language_model.{k}": v for k, v in text.optional_tensor_shapes(args.text).items()}
+
+
 def tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     """The language model's, RADIO's and the projector's tensors (PyTorch layout)."""
     shapes = {f"language_model.{k}": v for k, v in text.tensor_shapes(args.text).items()}

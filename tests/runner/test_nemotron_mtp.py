@@ -35,6 +35,7 @@ from runner.sample import Options
 from runner.server import build_app
 from runner.tokenizer import ModelTokenizer
 from workflows.create import CreateOptions, create
+from workflows.create.errors import CreateError
 
 PROMPT = [random.Random(3).randrange(5, 2048) for _ in range(40)]
 ECHO = {"mtp": "echo", "tie_word_embeddings": True, "embed_scale": 4.0}  # repeats, partly
@@ -184,6 +185,26 @@ def test_a_config_declaring_a_head_without_its_tensors_loads_without_a_draft(
     loaded, tokenizer = _load(store, "t/no-head")
     assert loaded.model.draft_head() is None
     assert not Generator(loaded.model, tokenizer, loaded.context_length).drafting
+
+
+@pytest.mark.parametrize("damage", ["reshaped", "missing"])
+def test_create_refuses_a_head_in_the_wrong_shape_or_in_part(tmp_path, make_checkpoint, damage):
+    path = write_nemotron_checkpoint(tmp_path / "c", Path(make_checkpoint("llama")),
+                                     mtp="random")
+    weights = _bf16_file(path / "model.safetensors")
+    victim = "mtp.layers.0.eh_proj.weight"
+    if damage == "missing":
+        del weights[victim]
+    else:
+        weights[victim] = weights[victim][:, :-1]
+    from nemotron_fixture import write_safetensors_bf16
+    write_safetensors_bf16(path / "model.safetensors", weights)
+    store = Store(tmp_path / "s")
+    with pytest.raises(CreateError, match=victim.replace(".", r"\.")) as refused:
+        create(Name.parse("t/bad-head"), path, CreateOptions(), store, lambda event: None,
+               threading.Event())
+    assert ("missing" if damage == "missing" else "implies") in str(refused.value)
+    assert not store.list_models()
 
 
 # ---- taking back a verify pass in a recurrent layer ----

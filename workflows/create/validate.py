@@ -55,10 +55,35 @@ def validate_checkpoint(inv: Inventory, where: str = "") -> str:
         if info.dtype not in FLOAT_DTYPES:
             raise CreateError(f"tensor {name!r} has dtype {info.dtype}; only BF16, F16 and F32 "
                               "checkpoints can be imported", info.file.name)
+    _check_optional_part(module, args, tensors, config_name)
     layers = getattr(args, "num_hidden_layers", None)
     if layers is not None:  # encoders such as Nomic BERT count theirs otherwise
         _check_layer_indices(tensors, layers)
     return model_type_of(module)
+
+
+def _check_optional_part(module: ModuleType, args: Any, tensors: dict[str, TensorInfo],
+                         where: str) -> None:
+    """A part the checkpoint may leave out (Nemotron-H's MTP head): all of it or none, in the
+    shapes the config implies, so a wrong head fails here and not when the runner loads it."""
+    optional = getattr(module, "optional_tensor_shapes", None)
+    if optional is None:
+        return
+    try:
+        shapes: dict[str, tuple[int, ...]] = optional(args)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+        raise CreateError(f"does not describe a model ferry can load: {exc}", where) from exc
+    present = [name for name in shapes if name in tensors]
+    if not present:
+        return
+    for name, shape in shapes.items():
+        info = tensors.get(name)
+        if info is None:
+            raise CreateError(f"tensor {name!r} is missing: the checkpoint carries part of "
+                              f"the multi-token-prediction head (e.g. {present[0]!r})")
+        if info.shape != shape:
+            raise CreateError(f"tensor {name!r} has shape {list(info.shape)} but config.json "
+                              f"implies {list(shape)}", info.file.name)
 
 
 def _model_names(inv: Inventory, module: ModuleType) -> dict[str, TensorInfo]:
