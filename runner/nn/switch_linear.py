@@ -23,7 +23,10 @@ class SwitchLinear(nn.Module):
         self.weight = mx.zeros((num_experts, output_dims, input_dims))
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
-        return mx.gather_mm(x, self["weight"].swapaxes(-1, -2), rhs_indices=indices,
+        weight = self["weight"]
+        if weight.dtype != mx.float32 and mx.default_device().type == mx.DeviceType.cpu:
+            return _half_gather_mm_on_cpu(x, weight, indices, sorted_indices)
+        return mx.gather_mm(x, weight.swapaxes(-1, -2), rhs_indices=indices,
                             sorted_indices=sorted_indices)
 
     def to_quantized(self, qtype: QuantType) -> QuantizedSwitchLinear:
@@ -68,6 +71,22 @@ class SwitchGLU(nn.Module):
         if inverse is not None:
             out = mx.unflatten(out[inverse], 0, indices.shape)
         return out.squeeze(-2)
+
+
+def _half_gather_mm_on_cpu(x: mx.array, weight: mx.array, indices: mx.array,
+                           sorted_indices: bool) -> mx.array:
+    """MLX's CPU gather_mm takes float32 only, and a half-precision model too big for float32
+    runs natively. Fewer (token, expert) pairs than experts (decode): take just those experts'
+    weights, in float32; more (prefill): the layer's experts in float32 for this call, a
+    transient twice their stored size. Both are lazy ops of static shape, so compiled graphs
+    keep working."""
+    if indices.size < weight.shape[0]:
+        chosen = mx.take(weight, indices, axis=0).astype(mx.float32)  # [..., k, out, in]
+        out = x.astype(mx.float32) @ chosen.swapaxes(-1, -2)
+    else:
+        out = mx.gather_mm(x.astype(mx.float32), weight.astype(mx.float32).swapaxes(-1, -2),
+                           rhs_indices=indices, sorted_indices=sorted_indices)
+    return out.astype(x.dtype)
 
 
 def _sort_by_expert(x: mx.array, indices: mx.array) -> tuple[mx.array, mx.array, mx.array]:

@@ -136,3 +136,14 @@ def test_gemma3_multimodal_int8_create_runs_its_text_half_quantized(model_store,
     assert loaded.model.layers[0].self_attn.q_proj.bits == 8  # language_model.* names matched
     reference = _reference(arch_checkpoint("gemma3_mm"))(mx.array([PROMPT]))
     assert _cosine_min(loaded.model(mx.array([PROMPT])), reference) >= 0.99
+
+
+def test_qwen3_moe_bf16_on_the_native_path_runs_on_a_cpu(model_store, arch_model):
+    """MLX's CPU gather_mm takes float32 only: a half-precision model that `auto` leaves native
+    (too big for float32) still routes its tokens, decode- and prefill-sized alike."""
+    native = load_model(model_store, arch_model("qwen3_moe"), "native")
+    native.model.set_dtype(mx.bfloat16)  # as a bf16 checkpoint loads (the fixture is float32)
+    full = load_model(model_store, arch_model("qwen3_moe"), "float32")
+    for tokens in (mx.array([PROMPT[:1]]), mx.array([PROMPT]),
+                   mx.array([[(7 * i + 3) % 2000 for i in range(48)]])):  # the sorted path
+        assert _cosine_min(native.model(tokens), full.model(tokens)) >= 0.99
