@@ -20,6 +20,12 @@ Where the cores are busy (a shared machine) every pull is CPU-bound, and cold/di
 proxy's floor is what it must do per byte: receive it, sha256 it, write it to its cache and send
 it on (on 2 cores, 2026-12: about 1.0 s of kernel copies, page-cache work and sha256 per 512 MiB
 of its 1.5-1.9 s; a direct pull costs 2.0-2.5 s in all).
+
+CPU seconds themselves vary with memory reuse on a VM whose balloon reports free pages to the
+host (virtio-balloon page reporting): copying 512 MiB into new page cache cost 0.1-1.0 CPU-s
+(perf: copy_folio_from_iter_atomic), cheap only on pages freed moments before. A cold pull makes
+two such copies (cache and client), a direct pull one, and each round's rmtree frees pages that
+the next pull reuses, so compare variants in alternating order, and per thread where you can.
 """
 
 from __future__ import annotations

@@ -24,11 +24,13 @@ import contextlib
 import ipaddress
 import select
 import socket
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
 import httpcore
 import httpx
+
+from registry.transfer.buffer_pool import BufferPool
 
 _HEAD_END = b"\r\n\r\n"
 BODY_PIECE = 1024 * 1024  # bytes per piece the lean body path yields
@@ -36,6 +38,12 @@ WAKE_BYTES = 256 * 1024  # the lean body path waits for this much at once (SO_RC
 # Smaller bodies go through httpx: they cost little per byte, and so keep their connection
 # for the next request (a lean body closes it).
 LEAN_MIN = 1024 * 1024
+# Receive buffers reused across bodies, allocated as needed up to enough for what a pull-through
+# cache holds per blob (4 segments of 16 MiB read ahead, the last 32 MiB kept for late joiners,
+# its write and subscriber queues), emptied once no body has been read for POOL_IDLE_SECONDS.
+POOL_BUFFERS = 160
+POOL_IDLE_SECONDS = 5.0
+_POOL = BufferPool(BODY_PIECE, POOL_BUFFERS)
 
 
 class SocketBackend(httpcore.AsyncNetworkBackend):
@@ -162,14 +170,29 @@ class SocketStream(httpcore.AsyncNetworkStream):
         return None
 
     async def body(self, length: int, piece: int = BODY_PIECE) -> AsyncIterator[memoryview]:
-        """The next `length` bytes at the socket, in pieces of up to `piece` bytes (each its
-        own buffer, so the caller may keep it). Ends early when the peer closes: the caller
-        counts. Raises httpx's ReadTimeout/ReadError, as the ordinary path would."""
+        """The next `length` bytes at the socket, in pieces of up to `piece` bytes. Each piece
+        is a buffer of its own for as long as the caller (or anyone it passes the piece to)
+        keeps it: buffers are reused only once nothing refers to them (buffer_pool.py). Ends
+        early when the peer closes: the caller counts. Raises httpx's ReadTimeout/ReadError,
+        as the ordinary path would."""
         loop = asyncio.get_running_loop()
         self.body_at_socket = False
-        left = length
+        _POOL.enter()
+        try:
+            async with contextlib.aclosing(self._pieces(loop, length, piece)) as pieces:
+                async for view in pieces:
+                    yield view
+        finally:
+            if _POOL.leave():
+                loop.call_later(POOL_IDLE_SECONDS, _POOL.clear_if_idle)
+
+    async def _pieces(self, loop: asyncio.AbstractEventLoop, left: int,
+                      piece: int) -> AsyncGenerator[memoryview, None]:
         while left > 0:
-            buffer = memoryview(bytearray(min(piece, left)))
+            size = min(piece, left)
+            # A pooled buffer is reused only when no earlier piece's holder still has it.
+            whole = _POOL.take() if piece == _POOL.size else bytearray(size)
+            buffer = memoryview(whole)[:size]
             filled = 0
             failure: httpx.TransportError | None = None
             try:

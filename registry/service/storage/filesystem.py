@@ -16,7 +16,7 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from registry.service.storage.base import STAGING_MARKER, KeyNotFound, Stat, is_staged_leaf
@@ -24,6 +24,10 @@ from registry.service.storage.base import STAGING_MARKER, KeyNotFound, Stat, is_
 PIECE = 1024 * 1024  # bytes per read or write handed to a worker thread
 INLINE_READ = 256 * 1024  # objects up to this size are read on the loop in one call
 INLINE_WRITE = 64 * 1024  # a last piece up to this size is written on the loop
+# A long append pushes its bytes to disk as it goes (fdatasync on a worker, never awaited), so
+# the fsync in `commit()` finds little left to write, and a reader's own fsync (a client of the
+# pull-through cache, on the same disk) does not queue behind a whole blob of dirty pages.
+FLUSH_EVERY = 64 * 1024 * 1024
 
 
 class FilesystemStore:
@@ -39,10 +43,13 @@ class FilesystemStore:
             raise ValueError(f"invalid storage key {key!r}")
         return os.path.join(self.root, key)
 
-    async def _offload(self, fn, *args):  # type: ignore[no-untyped-def]
+    def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="ferry-fs")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return self._executor
+
+    async def _offload(self, fn, *args):  # type: ignore[no-untyped-def]
+        return await asyncio.get_running_loop().run_in_executor(self._pool(), fn, *args)
 
     def close(self) -> None:
         """Stop the worker threads (the app's shutdown calls this)."""
@@ -138,7 +145,8 @@ class FilesystemStore:
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        written = 0
+        written = flushed = 0
+        flushing: Future[None] | None = None
         pending: list[bytes | memoryview] = []
         pending_size = 0
         try:
@@ -148,13 +156,19 @@ class FilesystemStore:
                 if pending_size >= PIECE:
                     written += await self._offload(_write_all, fd, pending, observe)
                     pending, pending_size = [], 0
+                    if written - flushed >= FLUSH_EVERY and (flushing is None or flushing.done()):
+                        flushing = self._pool().submit(os.fdatasync, fd)
+                        flushed = written
         finally:
             # Whatever arrived before a failure is kept, so the session can resume from it.
             if pending_size > INLINE_WRITE:
                 written += await asyncio.shield(self._offload(_write_all, fd, pending, observe))
             elif pending:  # a log line or a tiny last chunk: cheaper than a thread hop
                 written += _write_all(fd, pending, observe)
-            os.close(fd)
+            if flushing is None or flushing.done():
+                os.close(fd)
+            else:  # the flush still uses fd: closed when it ends (its error, if any, is
+                flushing.add_done_callback(lambda _f: os.close(fd))  # commit()'s fsync's)
         return written
 
     async def commit(self, key: str, staged: str) -> None:

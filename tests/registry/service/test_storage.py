@@ -229,3 +229,43 @@ async def test_staged_also_finds_leftovers_of_the_old_tmp_marker(store: BlobStor
         await store.put(key, b"x")
     await store.put("repositories/r.tmp-0123456789ab/_manifests/tags/t.tmp-1/current", b"d")
     assert sorted(key for key, _ in await store.staged()) == sorted(old)
+
+
+async def test_filesystem_append_flushes_as_it_goes_and_closes_its_file_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long append pushes its bytes to disk while it runs (so commit's fsync, and anyone
+    else's, finds little left); a flush still running when the append ends keeps the file
+    open until it is done, then closes it."""
+    import os
+    import threading
+
+    from registry.service.storage import filesystem
+
+    monkeypatch.setattr(filesystem, "FLUSH_EVERY", 2 * filesystem.PIECE)
+    flushed: list[int] = []
+    release = threading.Event()
+    real = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        flushed.append(os.fstat(fd).st_size)
+        release.wait(10)  # the append ends meanwhile
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    fs = FilesystemStore(tmp_path / "store")
+    piece = os.urandom(filesystem.PIECE)
+    open_before = len(os.listdir("/proc/self/fd"))
+    try:
+        assert await fs.append("s/data", chunks(*[piece] * 5)) == 5 * len(piece)
+        assert flushed and flushed[0] >= 2 * len(piece)
+        assert len(os.listdir("/proc/self/fd")) > open_before  # the flush still holds it
+        release.set()
+        for _ in range(200):
+            if len(os.listdir("/proc/self/fd")) <= open_before:
+                break
+            await asyncio.sleep(0.01)
+        assert len(os.listdir("/proc/self/fd")) <= open_before
+        assert await read_all(fs, "s/data") == piece * 5
+    finally:
+        release.set()
+        fs.close()
