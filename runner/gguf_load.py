@@ -226,9 +226,11 @@ def module_path(name: str, overrides: dict[str, str]) -> str | None:
     return None if path is None else f"model.layers.{match[1]}.{path}.{match[3]}"
 
 
-def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
+def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str,
+                 skip: frozenset[str] = frozenset()
                  ) -> tuple[dict[str, mx.array], dict[str, QuantType]]:
-    """Every tensor under its module name; quant types by module path (as load.py expects)."""
+    """Every tensor under its module name; quant types by module path (as load.py expects).
+    Tensors named in `skip` are checked (shape, length) but not loaded."""
     overrides = getattr(module, "GGUF_BLOCK_NAMES", {})
     expected = _expected_shapes(module, args)
     dense_dtype = file.compute_dtype() if compute == "native" and half_activations() else None
@@ -247,6 +249,9 @@ def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
         if want is not None and want != shape:
             raise GGUFLoadError(f"GGUF tensor {tensor.name} has shape {list(shape)} but the "
                                 f"metadata implies {list(want)}")
+        if tensor.name in skip:
+            check_rows(tensor, shape)
+            continue
         parts, qtype = convert_tensor(tensor, shape, compute, dense_dtype,
                                       derive_biases=compute == "native")
         mx.eval(*parts.values())
@@ -330,6 +335,11 @@ def convert_tensor(tensor: TensorSource, shape: tuple[int, ...], compute: str,
                               group_size=qtype.group_size, bits=qtype.bits)
         return {"weight": dense.astype(mx.float32)}, None
     return parts, qtype
+
+
+def check_rows(tensor: TensorSource, shape: tuple[int, ...]) -> int:
+    """The bytes per row of the tensor's data; a short or misshapen one is refused."""
+    return _checked_rows(tensor, shape)[1]
 
 
 def _checked_rows(tensor: TensorSource, shape: tuple[int, ...]) -> tuple[int, int]:

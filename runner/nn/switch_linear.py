@@ -12,7 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from runner.nn.quantized import group_biases
+from runner.nn.quantized import matmul_parts
 from runner.quant import QuantType
 
 SORT_THRESHOLD = 64  # (token, expert) pairs from which sorting by expert pays off
@@ -45,7 +45,8 @@ class QuantizedSwitchLinear(nn.Module):
             self.biases = mx.zeros((num_experts, output_dims, input_dims // qtype.group_size))
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
-        return mx.gather_qmm(x, self["weight"], self["scales"], group_biases(self),
+        scales, biases = matmul_parts(self, x)
+        return mx.gather_qmm(x, self["weight"], scales, biases,
                              rhs_indices=indices, transpose=True, group_size=self.group_size,
                              bits=self.bits, mode=self.mode, sorted_indices=sorted_indices)
 

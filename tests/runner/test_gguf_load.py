@@ -26,6 +26,7 @@ from registry.names import Name
 from runner import generate as generate_module
 from runner import gguf_load, gguf_tokenizer, load, server
 from runner.generate import Generator
+from runner.gguf_embedding import GGUFEmbedding
 from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
 from runner.kv_cache import KVCache, new_caches
 from runner.load import LoadError, load_model
@@ -105,7 +106,7 @@ def test_bf16_and_f32_gguf_hold_the_checkpoint_exactly(model_store, created_mode
     reference = load_model(model_store, created_model("llama"), "float32")
     loaded = load_model(model_store, gguf_model("llama", qtype), "native")
     want = {"BF16": mx.bfloat16, "F32": mx.float32}[qtype]
-    assert loaded.model.model.embed_tokens.weight.dtype == want
+    assert loaded.model.model.embed_tokens(mx.array([PROMPT])).dtype == want  # the file's rows
     tokens = mx.array([PROMPT])
     ours = loaded.model(tokens).astype(mx.float32)
     assert _cosine_min(ours, reference.model(tokens)) >= 0.999
@@ -210,6 +211,37 @@ def test_asymmetric_types_keep_their_biases(model_store, gguf_model):
     loaded = load_model(model_store, gguf_model("llama", "Q4_1"), "native")
     layer = loaded.model.layers[0].mlp.up_proj
     assert "biases" in layer and layer.zero_point is None
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "F16"])
+def test_cpu_native_untied_embedding_is_read_from_the_file(model_store, gguf_model, monkeypatch,
+                                                          qtype):
+    """An untied token embedding only serves lookups: on a CPU's native path it stays in the
+    GGUF file and each lookup reads and converts its rows, bitwise the loaded table's."""
+    name = gguf_model("llama", qtype)
+    mapped = load_model(model_store, name, "native")
+    embedding = mapped.model.model.embed_tokens
+    assert isinstance(embedding, GGUFEmbedding) and not tree_flatten(embedding.parameters())
+    monkeypatch.setattr(load, "row_embedding", lambda *args: None)
+    loaded = load_model(model_store, name, "native")
+    table = sum(v.nbytes for _, v in tree_flatten(loaded.model.model.embed_tokens.parameters()))
+    assert mapped.weights_bytes == loaded.weights_bytes - table
+    tokens = mx.array([PROMPT, PROMPT[::-1]])
+    assert mx.array_equal(embedding(tokens), loaded.model.model.embed_tokens(tokens))
+    assert mx.array_equal(mapped.model(tokens), loaded.model(tokens))
+    with pytest.raises(IndexError, match="out of range"):
+        embedding(mx.array([[mapped.files.config["vocab_size"]]]))
+
+
+def test_embedding_is_loaded_where_it_is_not_only_a_lookup_table(model_store, gguf_model,
+                                                                 monkeypatch):
+    """A tied embedding is also the output head; on a GPU a host read per token would stall
+    the pipeline: both load the table."""
+    tied = load_model(model_store, gguf_model("qwen3", "Q4_0"), "native")
+    assert not isinstance(tied.model.model.embed_tokens, GGUFEmbedding)
+    monkeypatch.setattr(load, "half_activations", lambda: True)
+    on_gpu = load_model(model_store, gguf_model("llama", "Q4_0"), "native")
+    assert not isinstance(on_gpu.model.model.embed_tokens, GGUFEmbedding)
 
 
 def _create_raw(store, raw: bytes, name: str) -> str:
