@@ -141,6 +141,7 @@ def run_ferry(workdir: Path, name: str, prompt: str, gen: int, compute: str) -> 
     finally:
         process.terminate()
     result = {"prompt_tokens": final["prompt_eval_count"], "gen_tokens": final["eval_count"],
+              "prompt_cached": final.get("prompt_cached", 0),
               "prefill": final["prompt_eval_count"] / final["prompt_eval_duration"] * 1e9,
               "decode": final["eval_count"] / max(final["eval_duration"], 1) * 1e9,
               "compute": f"{status['compute']}+{status.get('blas', '?')}"}

@@ -13,12 +13,17 @@ durations). Load time is from spawning the runner to its first "ready" status (P
 and imports included, the same for every row). Peak RSS is the runner's VmHWM after the request
 (bench/runner.py's `vm_hwm`: the process's own high-water mark, prefill and decode included);
 "load RSS" is its VmHWM at "ready", the load's own peak. The target for GGUF rows: peak RSS <=
-1.3x (file size + KV cache at the context the request uses: its prompt and generated tokens,
-rounded up to the cache's 256-token steps, 2 bytes a value as the runner stores it: float16
+1.3x (file size + KV cache at the context the request uses: its prompt, the part the prefix
+cache supplied from the warm-up included, and its generated tokens, rounded up to the cache's
+256-token steps, 2 bytes a value as the runner stores it: float16
 on a CPU too, where activations are float32), net of the runner's own footprint: the peak RSS
 of the same runner serving the tiny fixture model (~1M parameters) the same way, shown as the
 "base" row, less that model's own weights and KV cache (they are the model's, not the
-runner's; counting them as footprint flattered every row by ~2.5 MiB).
+runner's; counting them as footprint flattered every row by ~2.5 MiB). On a CPU's native path
+an untied token embedding is not loaded but read from the file a few rows per lookup
+(runner/gguf_embedding.py): its bytes sit in the page cache, not in the runner's RSS, and the
+"weights" the runner reports leave it out; symmetric types (Q4_0, Q8_0, Q6_K) hold no biases
+(runner/nn/quantized.py).
 FERRY_COMPUTE defaults to native here: "auto" picks float32 on a CPU when it fits, which is
 faster but holds 4 bytes per weight, so it is not what this memory target is about. MLX's
 quantized CPU kernels are slow (~1 s per token for the small preset), so on a CPU keep
@@ -111,7 +116,8 @@ def run_row(workdir: Path, ckpt: Path, preset: str, kind: str, args: argparse.Na
     result = bench.run_ferry(workdir, name, prompt, args.gen_tokens, args.compute)
     result.update(kind=kind, file=size, load=_ready_seconds[-1], load_rss=_ready_peaks[-1],
                   weights=_ready_weights[-1],
-                  kv=kv_cache_bytes(ckpt, result["prompt_tokens"] + result["gen_tokens"]))
+                  kv=kv_cache_bytes(ckpt, result["prompt_tokens"] + result["prompt_cached"]
+                                    + result["gen_tokens"]))
     return result
 
 

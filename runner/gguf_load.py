@@ -16,7 +16,9 @@ biases) take the file's half type (`GGUFFile.compute_dtype`), so activations and
 stay 2 bytes a value as the file's own precision implies (not on a CPU: `half_activations`).
 Q4_0, Q4_1, Q8_0 and Q4_K are affine per 32 values already, so their blocks are repacked into
 MLX affine triples (group size 32) exactly, with no float copy. Q6_K is repacked at 6 bits the
-same way, each group of 32 on the step of its coarser sub-block of 16 (`_repack_q6_k`).
+same way, each group of 32 on the step of its coarser sub-block of 16 (`_repack_q6_k`). On the
+native path the symmetric ones (Q4_0, Q8_0, Q6_K) keep only their scales: every bias is -z times
+its scale, derived per call (runner/nn/quantized.py), so the weights take less than the file.
 Q5_0/Q5_1/Q5_K, Q3_K and Q2_K are dequantized one tensor at a time and requantized to an MLX
 affine width whose step is no coarser than the source's (6, 4 and 4 bits: a Q3_K or Q2_K
 sub-block of 16 spans at most the range of its group of 32), so no value moves by more than the
@@ -224,9 +226,11 @@ def module_path(name: str, overrides: dict[str, str]) -> str | None:
     return None if path is None else f"model.layers.{match[1]}.{path}.{match[3]}"
 
 
-def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
+def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str,
+                 skip: frozenset[str] = frozenset()
                  ) -> tuple[dict[str, mx.array], dict[str, QuantType]]:
-    """Every tensor under its module name; quant types by module path (as load.py expects)."""
+    """Every tensor under its module name; quant types by module path (as load.py expects).
+    Tensors named in `skip` are checked (shape, length) but not loaded."""
     overrides = getattr(module, "GGUF_BLOCK_NAMES", {})
     expected = _expected_shapes(module, args)
     dense_dtype = file.compute_dtype() if compute == "native" and half_activations() else None
@@ -245,7 +249,11 @@ def read_weights(file: GGUFFile, module: ModuleType, args: Any, compute: str
         if want is not None and want != shape:
             raise GGUFLoadError(f"GGUF tensor {tensor.name} has shape {list(shape)} but the "
                                 f"metadata implies {list(want)}")
-        parts, qtype = convert_tensor(tensor, shape, compute, dense_dtype)
+        if tensor.name in skip:
+            check_rows(tensor, shape)
+            continue
+        parts, qtype = convert_tensor(tensor, shape, compute, dense_dtype,
+                                      derive_biases=compute == "native")
         mx.eval(*parts.values())
         mx.clear_cache()
         module_name = name.rsplit(".", 1)[0]
@@ -266,7 +274,8 @@ def widened_scales(parts: dict[str, mx.array]) -> dict[str, mx.array]:
     float32 activations (a CPU's native path). MLX's quantized matmul casts float16 ones to the
     activations' type on every call: for a head that is vocabulary x hidden / 32 groups twice
     over (6 MB for 32k x 768), made anew at every decoded token and the request's peak. Held
-    widened, they cost half that, once."""
+    widened, they cost half that, once; a symmetric head's biases, derived per call from the
+    widened scales (runner/nn/quantized.py), are made in float32 directly, cast from nothing."""
     widened: dict[str, mx.array] = {k: parts[k].astype(mx.float32)
                                     for k in ("scales", "biases") if k in parts}
     mx.eval(*widened.values())
@@ -290,11 +299,14 @@ def _expected_shapes(module: ModuleType, args: Any) -> dict[str, tuple[int, ...]
 
 
 def convert_tensor(tensor: TensorSource, shape: tuple[int, ...], compute: str,
-                   dense_dtype: mx.Dtype | None = None
+                   dense_dtype: mx.Dtype | None = None, derive_biases: bool = False
                    ) -> tuple[dict[str, mx.array], QuantType | None]:
     """One tensor as MLX arrays: {"weight"} dense, or {"weight", "scales", "biases"} with its
     quant type. With compute "float32", everything is dequantized to float32; otherwise an F32
-    tensor becomes `dense_dtype` where one is given (GGUFFile.compute_dtype)."""
+    tensor becomes `dense_dtype` where one is given (GGUFFile.compute_dtype). With
+    `derive_biases`, a symmetric type's (Q4_0, Q8_0, Q6_K: every bias -z * scale) come without
+    biases and with `zero_point` z in the quant type, for layers that derive them per call
+    (runner/nn/quantized.py): the native path's; the fused kernel reads stored ones."""
     if int(tensor.tensor_type) not in _KNOWN:
         raise GGUFLoadError(f"GGUF tensor {tensor.name} has unknown type {tensor.tensor_type}")
     kind = T(int(tensor.tensor_type))
@@ -307,10 +319,11 @@ def convert_tensor(tensor: TensorSource, shape: tuple[int, ...], compute: str,
             dense = dense.astype(dense_dtype)
         return {"weight": dense}, None
     if kind in _REPACKED:
-        parts = _in_slabs(tensor, (rows, row_bytes), shape, _REPACKED[kind])
+        zero = _ZERO_POINTS.get(kind) if derive_biases and compute != "float32" else None
+        parts = _in_slabs(tensor, (rows, row_bytes), shape, _REPACKED[kind], zero is None)
         bits = _REPACKED_BITS.get(kind, 4)
         name = kind.name.lower() + (f"-as-int{bits}" if kind in _REPACKED_BITS else "")
-        qtype = QuantType(name, bits, QK, "affine")
+        qtype = QuantType(name, bits, QK, "affine", zero)
     elif kind in _REQUANT_BITS:
         parts, qtype = _requantize(tensor, (rows, row_bytes), kind, shape)
     else:
@@ -322,6 +335,11 @@ def convert_tensor(tensor: TensorSource, shape: tuple[int, ...], compute: str,
                               group_size=qtype.group_size, bits=qtype.bits)
         return {"weight": dense.astype(mx.float32)}, None
     return parts, qtype
+
+
+def check_rows(tensor: TensorSource, shape: tuple[int, ...]) -> int:
+    """The bytes per row of the tensor's data; a short or misshapen one is refused."""
+    return _checked_rows(tensor, shape)[1]
 
 
 def _checked_rows(tensor: TensorSource, shape: tuple[int, ...]) -> tuple[int, int]:
@@ -350,14 +368,16 @@ def _dense(data: np.ndarray, kind: T, shape: tuple[int, ...]) -> mx.array:
 
 
 def _in_slabs(tensor: TensorSource, layout: tuple[int, int], shape: tuple[int, ...],
-              repack: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, mx.array]:
+              repack: Callable[[np.ndarray], dict[str, np.ndarray]], biases: bool = True
+              ) -> dict[str, mx.array]:
     """Repack the tensor's data (`layout`: rows, bytes per row) a slab of rows at a time, read
     as it goes, so neither its source bytes nor the unpacked temporaries of a large tensor
-    exist all at once."""
+    exist all at once; without `biases`, those are left out (a symmetric type's)."""
     rows, row_bytes = layout
     step = max(1, REQUANT_SLAB_VALUES // shape[-1])
     slabs = ({k: mx.array(v) for k, v in
-              repack(_read_rows(tensor, start, min(step, rows - start), row_bytes)).items()}
+              repack(_read_rows(tensor, start, min(step, rows - start), row_bytes)).items()
+              if biases or k != "biases"}
              for start in range(0, rows, step))
     return _assembled(slabs, rows, shape)
 
@@ -464,6 +484,8 @@ _REPACKED: dict[T, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
     T.Q4_1: lambda d: _repack_q4(d, True), T.Q4_K: _repack_q4_k, T.Q6_K: _repack_q6_k,
 }
 _REPACKED_BITS = {T.Q8_0: 8, T.Q6_K: 6}  # the others: 4
+# Symmetric types: w = d (q - z), so each MLX bias is -z * scale (see convert_tensor).
+_ZERO_POINTS = {T.Q4_0: 8, T.Q8_0: 128, T.Q6_K: 32}
 
 
 def _requantize(tensor: TensorSource, layout: tuple[int, int], kind: T, shape: tuple[int, ...]

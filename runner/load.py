@@ -8,7 +8,8 @@ when `N.scale` exists, otherwise it is an ordinary layer bias. A draft model for
 decoding (config blob `draft` block, or `draft/config.json` plus `draft.` tensors) is loaded the
 same way into a second model, its tensor names with the prefix stripped. A manifest whose model
 is a GGUF layer (and no tensor layers) is read by runner/gguf_load.py: config from the blob's
-metadata cache, tokenizer layers built from the file's metadata, tensors renamed and converted.
+metadata cache, tokenizer layers built from the file's metadata, tensors renamed and converted
+(an untied token embedding on a CPU's native path stays in the file: runner/gguf_embedding.py).
 
 Compute paths (`FERRY_COMPUTE`): "native" keeps every tensor as stored (bf16 matmuls, quantized
 matmuls); "float32" dequantizes and upcasts each tensor as it is read, so every matmul is a dense
@@ -52,9 +53,11 @@ from registry.names import Name
 from registry.safetensors_header import logical_tensors, read_header
 from registry.store import Store
 from runner import gguf_tokenizer
+from runner.gguf_embedding import GGUFEmbedding
 from runner.gguf_load import (
     GGUFFile,
     GGUFLoadError,
+    GGUFTensor,
     gguf_config,
     half_activations,
     open_gguf,
@@ -63,6 +66,7 @@ from runner.gguf_load import (
 from runner.gguf_tokenizer import eos_ids
 from runner.kernels import qmatvec
 from runner.models import model_module, model_types, module_for_architecture, module_for_gguf
+from runner.nn.embedding import Embedding
 from runner.nn.fused_linear import FusedDenseLinear, FusedQuantizedLinear, fused_supported
 from runner.nn.linear import Linear
 from runner.nn.mapped_embedding import MappedEmbedding, mappable
@@ -73,6 +77,7 @@ Progress = Callable[[float], None]
 FLOAT32_BUDGET = 0.7  # share of available memory float32 weights may take under "auto"
 DRAFT_PREFIX = "draft."
 EMBEDDING = "model.embed_tokens"  # the token embedding's module path in every architecture
+GGUF_EMBEDDING = "token_embd.weight"  # llama.cpp's name for it
 KV_DTYPE = mx.float16  # the fused path's KV cache for half-precision checkpoints (_stored_dtype)
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 MMAP_THRESHOLD = 1 << 20  # blocks this large are mapped apart, and unmapped when freed
@@ -513,17 +518,37 @@ def load_weights(store: Store, name: str, config: dict[str, Any],
 
 def load_gguf_weights(name: str, config: dict[str, Any], gguf: GGUFFile,
                       compute: str) -> nn.Module:
-    """One model from an open GGUF file (runner/gguf_load.py does the renaming and conversion)."""
+    """One model from an open GGUF file (runner/gguf_load.py does the renaming and conversion).
+    An untied token embedding on a CPU's native path stays in the file (`row_embedding`)."""
     try:
         model, module = build_model(config)
-        weights, qtypes = read_weights(gguf, module, model.args, compute)
-    except (GGUFLoadError, ValueError) as exc:
+        rows = row_embedding(model, gguf, compute)
+        skip = frozenset() if rows is None else frozenset({GGUF_EMBEDDING})
+        weights, qtypes = read_weights(gguf, module, model.args, compute, skip)
+        if rows is not None:
+            model.update_modules(tree_unflatten([(EMBEDDING, GGUFEmbedding(*rows))]))
+    except (GGUFLoadError, ValueError, OSError) as exc:
         raise LoadError(f"model {name}: {exc}") from exc
     if compute == "native" and not half_activations() and gguf.compute_dtype() is not None:
         # float32 activations (a CPU keeps the file's F32 norms): the KV cache still holds
         # 2 bytes a value, as llama.cpp's does for the same file, not 4
         model.kv_dtype = KV_DTYPE
     return assign_weights(name, model, weights, qtypes, compute)
+
+
+def row_embedding(model: nn.Module, gguf: GGUFFile, compute: str
+                  ) -> tuple[GGUFTensor, tuple[int, int]] | None:
+    """The GGUF token embedding to read row by row (runner/gguf_embedding.py) instead of
+    loading, with its [rows, dims] shape: on a CPU's native path, when it only serves lookups
+    (the file has its own output head) and sits where this module reads it; else None."""
+    tensor = gguf.tensors.get(GGUF_EMBEDDING)
+    args = getattr(model, "args", None)
+    if (compute != "native" or half_activations() or tensor is None or args is None
+            or args.tie_word_embeddings or "output.weight" not in gguf.tensors
+            or type(dict(model.named_modules()).get(EMBEDDING)) is not Embedding
+            or len(tensor.shape) != 2):
+        return None
+    return tensor, (int(tensor.shape[1]), int(tensor.shape[0]))
 
 
 def assign_weights(name: str, model: nn.Module, weights: dict[str, mx.array],

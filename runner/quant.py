@@ -16,11 +16,19 @@ class QuantType:
     bits: int
     group_size: int
     mode: str  # MLX quantization mode: affine, nvfp4, mxfp4, mxfp8
+    # Symmetric affine (GGUF's Q4_0, Q8_0, Q6_K: w = d (q - z)): every bias is -z * scale, so a
+    # layer holds only its scales and computes the biases per call (`stored_bias` is False).
+    zero_point: int | None = None
 
     @property
     def has_bias(self) -> bool:
-        """Affine modes store a per-group bias beside the scale; the fp modes do not."""
+        """Affine modes have a per-group bias beside the scale; the fp modes do not."""
         return self.mode == "affine"
+
+    @property
+    def stored_bias(self) -> bool:
+        """Whether a layer of this type holds its biases (not symmetric affine)."""
+        return self.has_bias and self.zero_point is None
 
     @property
     def eight_bit(self) -> QuantType:

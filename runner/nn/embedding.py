@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from runner.nn.quantized import group_biases, quantized_matmul
 from runner.quant import QuantType
 
 
@@ -33,18 +34,15 @@ class QuantizedEmbedding(nn.Module):
         self.group_size = qtype.group_size
         self.bits = qtype.bits
         self.mode = qtype.mode
+        self.zero_point = qtype.zero_point  # symmetric: biases derived (runner/nn/quantized.py)
         self.weight = mx.zeros((num_embeddings, dims * qtype.bits // 32), dtype=mx.uint32)
         self.scales = mx.zeros((num_embeddings, dims // qtype.group_size))
-        if qtype.has_bias:
+        if qtype.stored_bias:
             self.biases = mx.zeros((num_embeddings, dims // qtype.group_size))
 
     def __call__(self, ids: mx.array) -> mx.array:
-        biases = self.get("biases")
-        return mx.dequantize(self["weight"][ids], self["scales"][ids],
-                             None if biases is None else biases[ids],
+        return mx.dequantize(self["weight"][ids], self["scales"][ids], group_biases(self, ids),
                              group_size=self.group_size, bits=self.bits, mode=self.mode)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return mx.quantized_matmul(x, self["weight"], self["scales"], self.get("biases"),
-                                   transpose=True, group_size=self.group_size, bits=self.bits,
-                                   mode=self.mode)
+        return quantized_matmul(self, x)

@@ -2,7 +2,8 @@
 mxfp4, mxfp8).
 
 A quantized layer holds exactly what `mx.quantize` returned and create stored: the packed uint32
-`weight`, `scales`, and for affine modes `biases` (the per-group offsets, not a layer bias).
+`weight`, `scales`, and for affine modes `biases` (the per-group offsets, not a layer bias;
+derived from the scales, not held, for GGUF's symmetric types: runner/nn/quantized.py).
 Its `group_size`, `bits` and `mode` come from the blob's metadata (`QuantType.from_metadata`), per
 layer, because create promotes some tensors (lm_head, k/v/down for 4-bit) to the 8-bit type.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from runner.nn.quantized import quantized_matmul
 from runner.quant import QuantType
 
 
@@ -43,15 +45,14 @@ class QuantizedLinear(nn.Module):
         self.group_size = qtype.group_size
         self.bits = qtype.bits
         self.mode = qtype.mode
+        self.zero_point = qtype.zero_point  # symmetric: biases derived (runner/nn/quantized.py)
         self.weight = mx.zeros((output_dims, input_dims * qtype.bits // 32), dtype=mx.uint32)
         self.scales = mx.zeros((output_dims, input_dims // qtype.group_size))
-        if qtype.has_bias:
+        if qtype.stored_bias:
             self.biases = mx.zeros((output_dims, input_dims // qtype.group_size))
         if bias:
             self.bias = mx.zeros((output_dims,))
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = mx.quantized_matmul(x, self["weight"], self["scales"], self.get("biases"),
-                                transpose=True, group_size=self.group_size, bits=self.bits,
-                                mode=self.mode)
+        y = quantized_matmul(self, x)
         return y + self["bias"] if "bias" in self else y

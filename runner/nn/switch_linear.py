@@ -12,6 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from runner.nn.quantized import matmul_parts
 from runner.quant import QuantType
 
 SORT_THRESHOLD = 64  # (token, expert) pairs from which sorting by expert pays off
@@ -39,14 +40,16 @@ class QuantizedSwitchLinear(nn.Module):
                  qtype: QuantType) -> None:
         super().__init__()
         self.group_size, self.bits, self.mode = qtype.group_size, qtype.bits, qtype.mode
+        self.zero_point = qtype.zero_point  # symmetric: biases derived (runner/nn/quantized.py)
         packed = input_dims * qtype.bits // 32
         self.weight = mx.zeros((num_experts, output_dims, packed), dtype=mx.uint32)
         self.scales = mx.zeros((num_experts, output_dims, input_dims // qtype.group_size))
-        if qtype.has_bias:
+        if qtype.stored_bias:
             self.biases = mx.zeros((num_experts, output_dims, input_dims // qtype.group_size))
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
-        return mx.gather_qmm(x, self["weight"], self["scales"], self.get("biases"),
+        scales, biases = matmul_parts(self, x)
+        return mx.gather_qmm(x, self["weight"], scales, biases,
                              rhs_indices=indices, transpose=True, group_size=self.group_size,
                              bits=self.bits, mode=self.mode, sorted_indices=sorted_indices)
 

@@ -18,6 +18,7 @@ import pytest
 from arch_checkpoints import write_checkpoint
 from gguf_export import export_gguf
 from kquants import quantize_q4_k, quantize_q6_k
+from mlx.utils import tree_flatten
 from tokenizers import Tokenizer
 
 from registry import media_types as mt
@@ -25,6 +26,7 @@ from registry.names import Name
 from runner import generate as generate_module
 from runner import gguf_load, gguf_tokenizer, load, server
 from runner.generate import Generator
+from runner.gguf_embedding import GGUFEmbedding
 from runner.gguf_load import GGUFLoadError, convert_tensor, open_gguf
 from runner.kv_cache import KVCache, new_caches
 from runner.load import LoadError, load_model
@@ -104,7 +106,7 @@ def test_bf16_and_f32_gguf_hold_the_checkpoint_exactly(model_store, created_mode
     reference = load_model(model_store, created_model("llama"), "float32")
     loaded = load_model(model_store, gguf_model("llama", qtype), "native")
     want = {"BF16": mx.bfloat16, "F32": mx.float32}[qtype]
-    assert loaded.model.model.embed_tokens.weight.dtype == want
+    assert loaded.model.model.embed_tokens(mx.array([PROMPT])).dtype == want  # the file's rows
     tokens = mx.array([PROMPT])
     ours = loaded.model(tokens).astype(mx.float32)
     assert _cosine_min(ours, reference.model(tokens)) >= 0.999
@@ -183,6 +185,63 @@ def test_q4_0_stays_quantized_at_group_size_32(model_store, gguf_model):
     layer = loaded.model.layers[0].self_attn.q_proj
     assert layer.bits == 4 and layer.group_size == 32 and layer.weight.dtype == mx.uint32
     assert loaded.model.model.embed_tokens.bits == 4  # tied output reads the quantized table
+
+
+@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_0"), ("qwen3", "Q8_0")])
+def test_symmetric_types_hold_no_biases_and_compute_the_same_logits(model_store, gguf_model,
+                                                                    monkeypatch, arch, qtype):
+    """Q4_0 and Q8_0 biases are -8 and -128 times their scales: on the native path the layers
+    hold the scales only and derive the biases per call, bitwise the same weights as stored
+    biases give (qwen3's head is its tied, quantized embedding: lookups and logits both)."""
+    derived = load_model(model_store, gguf_model(arch, qtype), "native")
+    flat = dict(tree_flatten(derived.model.parameters()))
+    assert not [k for k in flat if k.endswith(".biases")]
+    assert derived.model.layers[0].mlp.up_proj.zero_point == {"Q4_0": 8, "Q8_0": 128}[qtype]
+    monkeypatch.setattr(gguf_load, "_ZERO_POINTS", {})  # as before: biases stored
+    stored = load_model(model_store, gguf_model(arch, qtype), "native")
+    biases = sum(v.nbytes for k, v in tree_flatten(stored.model.parameters())
+                 if k.endswith(".biases"))
+    assert biases > 0 and derived.weights_bytes == stored.weights_bytes - biases
+    tokens = mx.array([PROMPT])
+    assert mx.array_equal(derived.model(tokens), stored.model(tokens))
+
+
+def test_asymmetric_types_keep_their_biases(model_store, gguf_model):
+    """Q4_1's offsets are its own (w = d q + m), not a multiple of the scale: kept."""
+    loaded = load_model(model_store, gguf_model("llama", "Q4_1"), "native")
+    layer = loaded.model.layers[0].mlp.up_proj
+    assert "biases" in layer and layer.zero_point is None
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "F16"])
+def test_cpu_native_untied_embedding_is_read_from_the_file(model_store, gguf_model, monkeypatch,
+                                                          qtype):
+    """An untied token embedding only serves lookups: on a CPU's native path it stays in the
+    GGUF file and each lookup reads and converts its rows, bitwise the loaded table's."""
+    name = gguf_model("llama", qtype)
+    mapped = load_model(model_store, name, "native")
+    embedding = mapped.model.model.embed_tokens
+    assert isinstance(embedding, GGUFEmbedding) and not tree_flatten(embedding.parameters())
+    monkeypatch.setattr(load, "row_embedding", lambda *args: None)
+    loaded = load_model(model_store, name, "native")
+    table = sum(v.nbytes for _, v in tree_flatten(loaded.model.model.embed_tokens.parameters()))
+    assert mapped.weights_bytes == loaded.weights_bytes - table
+    tokens = mx.array([PROMPT, PROMPT[::-1]])
+    assert mx.array_equal(embedding(tokens), loaded.model.model.embed_tokens(tokens))
+    assert mx.array_equal(mapped.model(tokens), loaded.model(tokens))
+    with pytest.raises(IndexError, match="out of range"):
+        embedding(mx.array([[mapped.files.config["vocab_size"]]]))
+
+
+def test_embedding_is_loaded_where_it_is_not_only_a_lookup_table(model_store, gguf_model,
+                                                                 monkeypatch):
+    """A tied embedding is also the output head; on a GPU a host read per token would stall
+    the pipeline: both load the table."""
+    tied = load_model(model_store, gguf_model("qwen3", "Q4_0"), "native")
+    assert not isinstance(tied.model.model.embed_tokens, GGUFEmbedding)
+    monkeypatch.setattr(load, "half_activations", lambda: True)
+    on_gpu = load_model(model_store, gguf_model("llama", "Q4_0"), "native")
+    assert not isinstance(on_gpu.model.model.embed_tokens, GGUFEmbedding)
 
 
 def _create_raw(store, raw: bytes, name: str) -> str:
@@ -446,11 +505,12 @@ def test_decode_on_a_cpu_grows_no_pool_of_freed_buffers(model_store, gguf_model,
 def test_cpu_native_head_holds_float32_scales_so_decode_casts_nothing(model_store, gguf_model,
                                                                       monkeypatch):
     """With float32 activations MLX would cast a float16 head's scales and biases at every
-    token (the request's peak); the loader widens them once, exactly."""
+    token (the request's peak); the loader widens the scales once, exactly, and the symmetric
+    head's biases are derived from them in float32 (no cast, no stored copy)."""
     monkeypatch.setattr(gguf_load, "half_activations", lambda: False)
     loaded = load_model(model_store, gguf_model("llama", "Q4_0"), "native")
     head = loaded.model.lm_head
-    assert head.scales.dtype == mx.float32 and head.biases.dtype == mx.float32
+    assert head.scales.dtype == mx.float32 and "biases" not in head and head.zero_point == 8
     assert mx.array_equal(head.scales.astype(mx.float16).astype(mx.float32), head.scales)
     assert loaded.model.layers[0].mlp.down_proj.scales.dtype == mx.float16  # only the head
     x = mx.ones((1, 1, head.scales.shape[-1] * 32), mx.float32)
@@ -458,8 +518,11 @@ def test_cpu_native_head_holds_float32_scales_so_decode_casts_nothing(model_stor
     mx.clear_cache()
     before = mx.get_active_memory()
     mx.reset_peak_memory()
-    mx.eval(head(x))
-    assert mx.get_peak_memory() - before < head.scales.nbytes  # no widened copy made
+    logits = head(x)
+    mx.eval(logits)
+    # the derived biases (a scales' worth) and the logits (a quarter of that here); a widened
+    # copy of the scales would be another scales' worth
+    assert mx.get_peak_memory() - before < 2 * head.scales.nbytes
 
 
 def test_prefill_never_materialises_the_prompts_logits(model_store, gguf_model):
