@@ -129,8 +129,9 @@ def test_native_path_computes_in_the_files_half_type(model_store, gguf_model, qt
     """GGUF stores norms as F32; kept so they would promote every activation and the KV cache
     to float32 (twice the memory). An all-F32 file stays float32 (above). On a CPU they are kept
     (half activations are slow there); the GPU's choice is forced here."""
-    on_cpu = load_model(model_store, gguf_model("llama", qtype), "native")
-    assert on_cpu.model.layers[0].input_layernorm.weight.dtype == mx.float32
+    as_here = load_model(model_store, gguf_model("llama", qtype), "native")
+    here = half if gguf_load.half_activations() else mx.float32  # a GPU's choice is half
+    assert as_here.model.layers[0].input_layernorm.weight.dtype == here
     monkeypatch.setattr(gguf_load, "half_activations", lambda: True)
     loaded = load_model(model_store, gguf_model("llama", qtype), "native")
     layer = loaded.model.layers[0]
@@ -213,6 +214,17 @@ def test_asymmetric_types_keep_their_biases(model_store, gguf_model):
     assert "biases" in layer and layer.zero_point is None
 
 
+@pytest.fixture
+def on_cpu():
+    """What the loader does on a CPU, tested on the CPU also where MLX has a GPU (MLX's default
+    device there is the GPU, which takes the other branch)."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(previous)
+
+
+@pytest.mark.usefixtures("on_cpu")
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "F16"])
 def test_cpu_native_untied_embedding_is_read_from_the_file(model_store, gguf_model, monkeypatch,
                                                           qtype):
@@ -481,6 +493,7 @@ def _gguf_digest(store, name: str):
     return next(layer.digest for layer in manifest.layers if layer.media_type == mt.MODEL)
 
 
+@pytest.mark.usefixtures("on_cpu")
 def test_decode_on_a_cpu_grows_no_pool_of_freed_buffers(model_store, gguf_model, monkeypatch):
     """Each decode step frees attention buffers one position larger than the last; MLX's pool
     kept every one of them until the next release (every 256 tokens), 17 MiB after 64 tokens
