@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from registry.service.auth.audit import AuditLog
 from registry.service.auth.gate import Gate
 from registry.service.auth.limits import LimitSettings, RequestBuckets, UploadSlots, retry_after
-from registry.service.errors import RegistryError, error_response
+from registry.service.errors import ERROR_STATUS, RegistryError, error_response
 
 _UPLOAD_START = re.compile(r"^/v2/.+/blobs/uploads/?$")
 _UPLOAD_SESSION = re.compile(r"^/v2/.+/blobs/uploads/([^/]+)$")
@@ -41,6 +41,25 @@ class AccessMiddleware:
         address = scope["client"][0] if scope.get("client") else "unknown"
         client = subject or address
         refusal = self._over_limit(scope, client)
+        if refusal is not None:
+            try:
+                await error_response(refusal)(scope, receive, send)
+            finally:
+                if self.audit is not None:
+                    self._record(scope, subject, address, refusal.status)
+            return
+        if scope["method"] in _READS:
+            # A read opens or closes no upload session and is audited only when refused, so
+            # its `send` goes through unwrapped (most requests are reads, and small ones): a
+            # refusal is an error response, whose status `handle_error` notes in the state.
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                if self.audit is not None:
+                    denied = scope.get("state", {}).get(ERROR_STATUS)
+                    if denied in _DENIALS:
+                        self._record(scope, subject, address, denied)
+            return
         status = 500
 
         async def send_and_watch(message: Message) -> None:
@@ -52,12 +71,9 @@ class AccessMiddleware:
             await send(message)
 
         try:
-            if refusal is not None:
-                await error_response(refusal)(scope, receive, send_and_watch)
-            else:
-                await self.app(scope, receive, send_and_watch)
+            await self.app(scope, receive, send_and_watch)
         finally:
-            if self.audit is not None and (scope["method"] not in _READS or status in _DENIALS):
+            if self.audit is not None:
                 self._record(scope, subject, address, status)
 
     def _over_limit(self, scope: Scope, client: str) -> RegistryError | None:
