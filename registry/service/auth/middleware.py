@@ -1,5 +1,6 @@
 """Before a request reaches a route: who is calling, and are they within their limits; after:
-the audit line for every write and every denial."""
+the audit line for every write and every denial. On the way out it also adds the API version
+header to every response (registry/service/version_header.py), in place of a layer of its own."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from registry.service.auth.audit import AuditLog
 from registry.service.auth.gate import Gate
 from registry.service.auth.limits import LimitSettings, RequestBuckets, UploadSlots, retry_after
 from registry.service.errors import ERROR_STATUS, RegistryError, error_response
+from registry.service.version_header import add_version_header
 
 _UPLOAD_START = re.compile(r"^/v2/.+/blobs/uploads/?$")
 _UPLOAD_SESSION = re.compile(r"^/v2/.+/blobs/uploads/([^/]+)$")
@@ -43,17 +45,17 @@ class AccessMiddleware:
         refusal = self._over_limit(scope, client)
         if refusal is not None:
             try:
-                await error_response(refusal)(scope, receive, send)
+                await error_response(refusal)(scope, receive, _with_version_header(send))
             finally:
                 if self.audit is not None:
                     self._record(scope, subject, address, refusal.status)
             return
         if scope["method"] in _READS:
             # A read opens or closes no upload session and is audited only when refused, so
-            # its `send` goes through unwrapped (most requests are reads, and small ones): a
-            # refusal is an error response, whose status `handle_error` notes in the state.
+            # its `send` is not watched (most requests are reads, and small ones): a refusal
+            # is an error response, whose status `handle_error` notes in the request state.
             try:
-                await self.app(scope, receive, send)
+                await self.app(scope, receive, _with_version_header(send))
             finally:
                 if self.audit is not None:
                     denied = scope.get("state", {}).get(ERROR_STATUS)
@@ -66,6 +68,7 @@ class AccessMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                add_version_header(message)
                 if self.uploads is not None:
                     self._track_upload(scope, client, message)
             await send(message)
@@ -114,6 +117,14 @@ class AccessMiddleware:
             repository=state.get("audit_repository"),
             reference=reference.group(1)[:200] if reference else None,
             digest=_digest_param(scope), status=status)
+
+
+def _with_version_header(send: Send) -> Send:
+    async def send_with_header(message: Message) -> None:
+        add_version_header(message)
+        await send(message)
+
+    return send_with_header
 
 
 def _digest_param(scope: Scope) -> str | None:

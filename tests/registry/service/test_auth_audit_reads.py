@@ -16,6 +16,8 @@ from registry.service.auth.limits import LimitSettings
 from .auth_fixtures import basic, get_token, read_audit, serve_auth_registry, write_auth_file
 from .conftest import push_blob
 
+VERSION = "Docker-Distribution-API-Version"  # on every response, added by the access middleware
+
 
 async def test_refused_reads_and_every_write_are_audited_granted_reads_are_not(
         tmp_path: Path) -> None:
@@ -29,9 +31,13 @@ async def test_refused_reads_and_every_write_are_audited_granted_reads_are_not(
             digest = await push_blob(client, "team/app", b"audited")
             for method in ("GET", "HEAD"):
                 r = await client.request(method, f"/v2/team/app/blobs/{digest}")
-                assert r.status_code == 200
+                assert r.status_code == 200 and r.headers[VERSION] == "registry/2.0"
                 r = await client.request(method, f"/v2/team/other/blobs/{digest}")
                 assert r.status_code == 401  # alice's token names team/app only
+                assert r.headers[VERSION] == "registry/2.0"
+            r = await client.post("/v2/team/app/blobs/uploads/")  # a write carries it too
+            assert r.status_code == 202 and r.headers[VERSION] == "registry/2.0"
+            assert (await client.delete(r.headers["Location"])).status_code == 204
         r = httpx.head(f"{url}/v2/team/app/blobs/{digest}", headers={"Authorization": "Bearer x"})
         assert r.status_code == 401
         r = httpx.get(f"{url}/v2/team/app/blobs/{digest}",
@@ -50,4 +56,4 @@ async def test_refused_reads_and_every_write_are_audited_granted_reads_are_not(
     ], reads
     writes = [(x["method"], x["status"], x["subject"]) for x in records
               if x["method"] in ("POST", "PUT")]
-    assert writes == [("POST", 202, "alice"), ("PUT", 201, "alice")]
+    assert writes == [("POST", 202, "alice"), ("PUT", 201, "alice"), ("POST", 202, "alice")]
