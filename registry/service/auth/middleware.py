@@ -36,26 +36,38 @@ class AccessMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # Every request passes here: it works on the raw scope (no Request, no Headers object)
-        # and keeps the per-request work to what the checks need.
+        # Every request passes here, and most are small reads: it works on the raw scope (no
+        # Request, no Headers object) and makes as few calls as the checks allow (a profile of
+        # small HEADs counted ~270 Python calls per request in all; auth adds ~15, 5 of them
+        # uvicorn reading the Authorization header).
         claims = self.gate.claims_of(scope) if self.gate is not None else None
         subject = claims.subject if claims is not None else ""
         address = scope["client"][0] if scope.get("client") else "unknown"
         client = subject or address
-        refusal = self._over_limit(scope, client)
+
+        async def send_with_header(message: Message) -> None:
+            add_version_header(message)
+            await send(message)
+
+        refusal = None
+        if self.buckets is not None and (wait := self.buckets.take(client)) > 0:
+            refusal = RegistryError("TOOMANYREQUESTS", "request rate limit exceeded",
+                                    headers={"Retry-After": retry_after(wait)})
+        elif self.uploads is not None and scope["method"] == "POST":
+            refusal = self._over_upload_cap(scope, client)
         if refusal is not None:
             try:
-                await error_response(refusal)(scope, receive, _with_version_header(send))
+                await error_response(refusal)(scope, receive, send_with_header)
             finally:
                 if self.audit is not None:
                     self._record(scope, subject, address, refusal.status)
             return
         if scope["method"] in _READS:
             # A read opens or closes no upload session and is audited only when refused, so
-            # its `send` is not watched (most requests are reads, and small ones): a refusal
-            # is an error response, whose status `handle_error` notes in the request state.
+            # its `send` is not watched: a refusal is an error response, whose status
+            # `handle_error` notes in the request state.
             try:
-                await self.app(scope, receive, _with_version_header(send))
+                await self.app(scope, receive, send_with_header)
             finally:
                 if self.audit is not None:
                     denied = scope.get("state", {}).get(ERROR_STATUS)
@@ -79,14 +91,9 @@ class AccessMiddleware:
             if self.audit is not None:
                 self._record(scope, subject, address, status)
 
-    def _over_limit(self, scope: Scope, client: str) -> RegistryError | None:
-        if self.buckets is not None:
-            wait = self.buckets.take(client)
-            if wait > 0:
-                return RegistryError("TOOMANYREQUESTS", "request rate limit exceeded",
-                                     headers={"Retry-After": retry_after(wait)})
-        if (self.uploads is not None and scope["method"] == "POST"
-                and _UPLOAD_START.match(scope["path"]) and self.uploads.full(client)):
+    def _over_upload_cap(self, scope: Scope, client: str) -> RegistryError | None:
+        if (self.uploads is not None and _UPLOAD_START.match(scope["path"])
+                and self.uploads.full(client)):
             return RegistryError("TOOMANYREQUESTS", f"at most {self.uploads.limit} open "
                                  "upload sessions per client; finish or cancel one",
                                  headers={"Retry-After": "5"})
@@ -117,14 +124,6 @@ class AccessMiddleware:
             repository=state.get("audit_repository"),
             reference=reference.group(1)[:200] if reference else None,
             digest=_digest_param(scope), status=status)
-
-
-def _with_version_header(send: Send) -> Send:
-    async def send_with_header(message: Message) -> None:
-        add_version_header(message)
-        await send(message)
-
-    return send_with_header
 
 
 def _digest_param(scope: Scope) -> str | None:

@@ -99,6 +99,10 @@ class Tokens:
     def verify_bearer(self, authorization: bytes) -> Claims | None:
         """The claims of a request's raw `Authorization` value when it is `Bearer <a token
         that verify() accepts>`, else None; remembered by those bytes."""
+        cached = self._cache.get(authorization)  # every request asks: the hit is checked here
+        if (cached is not None and cached[0].expires + LEEWAY > time.time()
+                and cached[1] in self.keys):
+            return cached[0]
         known, claims = self._cached(authorization)
         if known:
             return claims
