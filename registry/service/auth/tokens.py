@@ -6,9 +6,9 @@ verify until the old ones expire.
 
 Clients reuse one token for many requests, and decoding plus the Ed25519 check cost more than
 the rest of a small request's auth work together, so a verified token is remembered by its exact
-string, and a request's token by the exact bytes of its Authorization header (so a repeat
-request skips the header's parsing too; at most CACHE_LIMIT entries, the oldest forgotten
-first). A remembered token is still refused once it expires (the same leeway as the full check)
+string, and a request's token by the exact bytes of its Authorization header when that is the
+canonical `Bearer <token>` (so a repeat request skips the header's parsing too; at most
+CACHE_LIMIT entries, each no bigger than its token plus 7 bytes, the oldest forgotten first). A remembered token is still refused once it expires (the same leeway as the full check)
 or once the key that signed it is no longer among `keys`; everything else the full check looks
 at (signature, audience, issuer, claims) is a function of the string, or the header bytes, alone.
 """
@@ -107,7 +107,14 @@ class Tokens:
         if known:
             return claims
         token = _bearer_token(authorization)
-        return self._remember(authorization, self._decode(token) if token is not None else None)
+        if token is None:
+            return None
+        if authorization[:7] != b"Bearer " or len(authorization) != len(token) + 7:
+            # Not the canonical form: remembered by the token, so padding (up to
+            # MAX_AUTHORIZATION) or case variants of one token cannot fill the cache with
+            # entries bigger than the token itself.
+            return self.verify(token)
+        return self._remember(authorization, self._decode(token))
 
     def _cached(self, key: str | bytes) -> tuple[bool, Claims | None]:
         """(True, what the full check says now) for a remembered key, else (False, None)."""

@@ -139,7 +139,10 @@ def test_a_header_is_remembered_by_its_bytes_and_grants_no_more_than_its_token(
         assert claims is not None and claims.allows("team/app", "pull")
         assert not claims.allows("team/app", "push")
     assert header in tokens._cache
-    assert tokens.verify_bearer(f"bearer  {token} ".encode()) is not None  # its own full check
+    for variant in (f"bearer {token}", f"Bearer  {token} ", f"BEARER {token}".ljust(4000)):
+        assert tokens.verify_bearer(variant.encode()) is not None
+        assert variant.encode() not in tokens._cache  # remembered by its token, not its bytes
+    assert token in tokens._cache
     header_, payload, signature = token.split(".")
     widened = jwt.utils.base64url_encode(jwt.utils.base64url_decode(payload).replace(
         b'"pull"', b'"push"')).decode()
