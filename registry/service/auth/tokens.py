@@ -8,9 +8,10 @@ Clients reuse one token for many requests, and decoding plus the Ed25519 check c
 the rest of a small request's auth work together, so a verified token is remembered by its exact
 string, and a request's token by the exact bytes of its Authorization header when that is the
 canonical `Bearer <token>` (so a repeat request skips the header's parsing too; at most
-CACHE_LIMIT entries, each no bigger than its token plus 7 bytes, the oldest forgotten first). A remembered token is still refused once it expires (the same leeway as the full check)
-or once the key that signed it is no longer among `keys`; everything else the full check looks
-at (signature, audience, issuer, claims) is a function of the string, or the header bytes, alone.
+CACHE_LIMIT entries, each no bigger than its token plus 7 bytes, the oldest forgotten first). A
+remembered token is still refused once it expires (the same leeway as the full check) or once
+the key that signed it is no longer among `keys`; everything else the full check looks at
+(signature, audience, issuer, claims) is a function of the string, or the header bytes, alone.
 """
 
 from __future__ import annotations
