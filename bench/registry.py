@@ -18,7 +18,9 @@ auth run right after the open one and the open one right after the reference in 
 group: runs made minutes apart, under different load, each always in the same place.
 Beside it, `srv us/op` is the server process's CPU time per operation (from /proc, as regbench
 reports it), which moves far less with the machine's load than throughput does, and `+auth` what
-auth adds to it. Run by hand:
+auth adds to it, paired like auth/open (the median over rounds of each round's auth/open CPU
+per operation; regbench reads it in 10 ms clock ticks, so a phase of under ~0.5 s of server CPU
+is a few percent coarse). Run by hand:
 
     .venv/bin/python bench/registry.py                 # the full run (minutes)
     .venv/bin/python bench/registry.py --big-mib 128   # quicker; other regbench flags pass through
@@ -146,7 +148,8 @@ def _cpu_per_op(row: dict) -> float | None:
 
 
 def print_side_by_side(ferry: dict, reference: dict, auth: dict | None = None,
-                       paired: dict[str, float | None] | None = None) -> None:
+                       paired: dict[str, float | None] | None = None,
+                       paired_cpu: dict[str, float] | None = None) -> None:
     ref_rows = {row["name"]: row for row in reference["summary"]}
     auth_rows = {row["name"]: row for row in (auth or {"summary": []})["summary"]}
     header = f"{'phase':34} {'ferry':>10} {'reference':>10} {'unit':>6} {'ratio':>7}"
@@ -169,8 +172,11 @@ def print_side_by_side(ferry: dict, reference: dict, auth: dict | None = None,
             line += f" {authed or 0:10.1f} {f'{pair:6.2f}x' if pair else '      -':>9}"
             line += f" {_ratio(authed, theirs):>8}"
             open_cpu, auth_cpu = _cpu_per_op(row), _cpu_per_op(authed_row)
-            if open_cpu and auth_cpu:
-                line += f" {open_cpu:9.0f} {(auth_cpu / open_cpu - 1) * 100:+5.0f}%"
+            cpu_ratio = (paired_cpu or {}).get(row["name"])
+            if cpu_ratio is None and open_cpu and auth_cpu:
+                cpu_ratio = auth_cpu / open_cpu
+            if open_cpu and cpu_ratio:
+                line += f" {open_cpu:9.0f} {(cpu_ratio - 1) * 100:+5.0f}%"
         print(line)
 
 
@@ -190,24 +196,30 @@ def median_summary(rounds: list[list[dict]]) -> dict:
     return {"summary": summary}
 
 
-def round_ratios(ferry: list[list[dict]], auth: list[list[dict]]) -> dict[str, list[float]]:
-    """auth/open of every phase in every round (the two ran back to back in each)."""
+def round_ratios(ferry: list[list[dict]], auth: list[list[dict]], cpu: bool = False
+                 ) -> dict[str, list[float]]:
+    """auth/open of every phase in every round (the two ran back to back in each): of the
+    throughput, or with `cpu` of the server's CPU time per operation."""
     ratios: dict[str, list[float]] = {}
     for mine, theirs in zip(auth, ferry, strict=True):
         authed = {r["name"]: r for r in mine}
         for row in theirs:
-            key = _key(row)
-            a, o = authed.get(row["name"], {}).get(key), row.get(key)
+            if cpu:
+                a, o = _cpu_per_op(authed.get(row["name"], {})), _cpu_per_op(row)
+            else:
+                key = _key(row)
+                a, o = authed.get(row["name"], {}).get(key), row.get(key)
             if a and o:
                 ratios.setdefault(row["name"], []).append(a / o)
     return ratios
 
 
-def print_auth_rounds(ratios: dict[str, list[float]]) -> None:
+def print_auth_rounds(ratios: dict[str, list[float]], title: str = "auth/open per round"
+                      ) -> None:
     """auth/open in each round, to show the spread behind the medians."""
     rounds = max((len(r) for r in ratios.values()), default=0)
     heads = " ".join(f"{f'r{i + 1}':>7}" for i in range(rounds))
-    print(f"\n{'auth/open per round':34} {heads}")
+    print(f"\n{title:34} {heads}")
     for name, values in ratios.items():
         print(f"{name:34} " + " ".join(f"{v:6.2f}x" for v in values))
 
@@ -280,10 +292,15 @@ def main(argv: list[str] | None = None) -> int:
         ratios = (round_ratios(rounds["ferry"], rounds["ferry+auth"])
                   if "ferry+auth" in rounds else {})
         paired = {name: statistics.median(values) for name, values in ratios.items()}
+        cpu_ratios = (round_ratios(rounds["ferry"], rounds["ferry+auth"], cpu=True)
+                      if "ferry+auth" in rounds else {})
+        paired_cpu = {name: statistics.median(values) for name, values in cpu_ratios.items()}
         print_side_by_side(results["ferry"], results["reference"], results.get("ferry+auth"),
-                           paired)
+                           paired, paired_cpu)
         if ratios:
             print_auth_rounds(ratios)
+        if cpu_ratios:
+            print_auth_rounds(cpu_ratios, "auth/open server CPU/op per round")
     finally:
         for proc, _ in servers.values():
             proc.terminate()

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from registry.errors import FerryError
 from registry.manifests import MAX_MANIFEST_BYTES
@@ -29,32 +28,10 @@ from registry.service.proxy.routes import Proxy, proxy_routes
 from registry.service.registry import DEFAULT_UPLOAD_SESSION_TTL, Registry
 from registry.service.storage.base import BlobStore
 from registry.service.storage.filesystem import FilesystemStore
+from registry.service.version_header import APIVersionHeader
 
 log = logging.getLogger("ferry.registry")
 PURGE_INTERVAL = 3600.0
-_VERSION_HEADER = (b"docker-distribution-api-version", b"registry/2.0")
-
-
-class APIVersionHeader:
-    """Adds `Docker-Distribution-API-Version` to every response, errors included."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_header(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                if not any(name == _VERSION_HEADER[0] for name, _ in headers):
-                    headers.append(_VERSION_HEADER)
-                message["headers"] = headers
-            await send(message)
-
-        await self.app(scope, receive, send_with_header)
 
 
 class BulkHttpProtocol(HeaderLimitedProtocol):
@@ -128,9 +105,11 @@ def build_registry_app(
     app.state.auth = gate
     limits = limits or LimitSettings()
     if gate is not None or limits.active or audit is not None:
+        # it adds the version header too: one layer per request, as in an open registry
         app.add_middleware(AccessMiddleware, gate=gate, limits=limits,  # type: ignore[arg-type]
                            audit=audit)
-    app.add_middleware(APIVersionHeader)  # type: ignore[arg-type]
+    else:
+        app.add_middleware(APIVersionHeader)  # type: ignore[arg-type]
     return app
 
 

@@ -26,6 +26,10 @@ from registry.errors import (
 )
 
 log = logging.getLogger("ferry.registry")
+# The request state's key for the status of the error response `handle_error` made: the access
+# middleware audits a read only when it was refused, and learns so here instead of wrapping the
+# `send` of every read to watch its status.
+ERROR_STATUS = "error_status"
 
 # name -> (wire code, HTTP status, default message): the one table. A few names share a wire
 # code but not a status: an oversized manifest is MANIFEST_INVALID with 413, a chunk that does not
@@ -124,4 +128,6 @@ def error_response(exc: BaseException) -> Response:
 
 
 async def handle_error(request: Request, exc: Exception) -> Response:
-    return error_response(exc)
+    response = error_response(exc)
+    request.scope.setdefault("state", {})[ERROR_STATUS] = response.status_code
+    return response

@@ -46,7 +46,8 @@ class RequestBuckets:
             if len(self._buckets) >= _MAX_CLIENTS:
                 self._forget_full(now)
             bucket = self._buckets[client] = _Bucket(self.burst, now)
-        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+        tokens = bucket.tokens + (now - bucket.updated) * self.rate
+        bucket.tokens = tokens if tokens < self.burst else self.burst  # min(), one call less
         bucket.updated = now
         if bucket.tokens >= 1:
             bucket.tokens -= 1

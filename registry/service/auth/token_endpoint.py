@@ -16,10 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from registry.service.auth.gate import MAX_AUTHORIZATION, Gate, gate_of
+from registry.service.auth.gate import Gate, gate_of
 from registry.service.auth.passwords import check_password
 from registry.service.auth.scopes import CATALOG, Scope, ScopeInvalid, parse_scopes
 from registry.service.auth.signatures import SignatureInvalid, looks_signed
+from registry.service.auth.tokens import MAX_AUTHORIZATION
 from registry.service.errors import RegistryError
 
 ANONYMOUS_SUBJECT = ""

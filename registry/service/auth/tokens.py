@@ -6,10 +6,12 @@ verify until the old ones expire.
 
 Clients reuse one token for many requests, and decoding plus the Ed25519 check cost more than
 the rest of a small request's auth work together, so a verified token is remembered by its exact
-string (at most CACHE_LIMIT of them, the oldest forgotten first). A remembered token is still
-refused once it expires (the same leeway as the full check) or once the key that signed it is no
-longer among `keys`; everything else the full check looks at (signature, audience, issuer,
-claims) is a function of the string alone.
+string, and a request's token by the exact bytes of its Authorization header when that is the
+canonical `Bearer <token>` (so a repeat request skips the header's parsing too; at most
+CACHE_LIMIT entries, each no bigger than its token plus 7 bytes, the oldest forgotten first). A
+remembered token is still refused once it expires (the same leeway as the full check) or once
+the key that signed it is no longer among `keys`; everything else the full check looks at
+(signature, audience, issuer, claims) is a function of the string, or the header bytes, alone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from registry.service.auth.scopes import Scope
 ISSUER = "ferry-registry"
 LEEWAY = 10  # seconds of clock skew tolerated between replicas
 CACHE_LIMIT = 10000  # verified tokens remembered
+MAX_AUTHORIZATION = 8192  # bytes of Authorization header read; longer is refused unread
 
 
 def key_id(key: Ed25519PublicKey) -> str:
@@ -76,7 +79,8 @@ class Tokens:
         self.signing_kid = key_id(signing_key.public_key())
         self.service = service
         self.lifetime = lifetime
-        self._cache: dict[str, tuple[Claims, str]] = {}  # token -> (claims, signing kid)
+        # token string, or raw Authorization header value -> (claims, signing kid)
+        self._cache: dict[str | bytes, tuple[Claims, str]] = {}
 
     def issue(self, subject: str, granted: list[Scope]) -> IssuedToken:
         now = int(time.time())
@@ -90,19 +94,46 @@ class Tokens:
 
     def verify(self, token: str) -> Claims | None:
         """The token's claims when its signature, audience, issuer and times hold, else None."""
-        cached = self._cache.get(token)
-        if cached is not None:
-            claims, kid = cached
-            if claims.expires + LEEWAY > time.time() and kid in self.keys:
-                return claims
-            del self._cache[token]  # expired, or its key retired: the full check fails too
+        known, claims = self._cached(token)
+        return claims if known else self._remember(token, self._decode(token))
+
+    def verify_bearer(self, authorization: bytes) -> Claims | None:
+        """The claims of a request's raw `Authorization` value when it is `Bearer <a token
+        that verify() accepts>`, else None; remembered by those bytes."""
+        cached = self._cache.get(authorization)  # every request asks: the hit is checked here
+        if (cached is not None and cached[0].expires + LEEWAY > time.time()
+                and cached[1] in self.keys):
+            return cached[0]
+        known, claims = self._cached(authorization)
+        if known:
+            return claims
+        token = _bearer_token(authorization)
+        if token is None:
             return None
-        decoded = self._decode(token)
+        if authorization[:7] != b"Bearer " or len(authorization) != len(token) + 7:
+            # Not the canonical form: remembered by the token, so padding (up to
+            # MAX_AUTHORIZATION) or case variants of one token cannot fill the cache with
+            # entries bigger than the token itself.
+            return self.verify(token)
+        return self._remember(authorization, self._decode(token))
+
+    def _cached(self, key: str | bytes) -> tuple[bool, Claims | None]:
+        """(True, what the full check says now) for a remembered key, else (False, None)."""
+        cached = self._cache.get(key)
+        if cached is None:
+            return False, None
+        claims, kid = cached
+        if claims.expires + LEEWAY > time.time() and kid in self.keys:
+            return True, claims
+        del self._cache[key]  # expired, or its key retired: the full check fails too
+        return True, None
+
+    def _remember(self, key: str | bytes, decoded: tuple[Claims, str] | None) -> Claims | None:
         if decoded is None:
-            return None
+            return None  # a refused token is not remembered: it gets the full check each time
         if len(self._cache) >= CACHE_LIMIT:  # dicts keep insertion order: drop the oldest
             del self._cache[next(iter(self._cache))]
-        self._cache[token] = decoded
+        self._cache[key] = decoded
         return decoded[0]
 
     def _decode(self, token: str) -> tuple[Claims, str] | None:
@@ -124,3 +155,10 @@ class Tokens:
         if not isinstance(access, list) or not isinstance(subject, str):
             return None
         return Claims(subject, access, float(data["exp"])), kid
+
+
+def _bearer_token(authorization: bytes) -> str | None:
+    """The token of a `Bearer <token>` header value (scheme case-insensitive), else None."""
+    if len(authorization) > MAX_AUTHORIZATION or authorization[:7].lower() != b"bearer ":
+        return None
+    return authorization[7:].strip().decode("latin-1")

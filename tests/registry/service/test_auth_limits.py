@@ -26,6 +26,7 @@ def test_a_client_over_its_request_budget_gets_429_and_another_does_not(
             assert codes[:6] == [404] * 6 and codes[6:] == [429, 429], codes
             r = a.get("/v2/team/a/tags/list")
             assert r.json()["errors"][0]["code"] == "TOOMANYREQUESTS"
+            assert r.headers["Docker-Distribution-API-Version"] == "registry/2.0"
             assert int(r.headers["Retry-After"]) >= 1
         r = httpx.get(f"{url}/v2/team/a/tags/list", headers={"Authorization": f"Bearer {bob}"})
         assert r.status_code == 404  # bob's budget is his own

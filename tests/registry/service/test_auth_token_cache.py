@@ -124,3 +124,38 @@ def test_claims_allows_agrees_with_the_access_claim(access: list[Any]) -> None:
     for repo in ("team/app", "team/other", ""):
         for action in ("pull", "push", "delete", "*"):
             assert claims.allows(repo, action) == covers(access, repo, action), (repo, action)
+
+
+def test_a_header_is_remembered_by_its_bytes_and_grants_no_more_than_its_token(
+        auth_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokens_module, "LEEWAY", 0)
+    config = load_auth_config(auth_file)
+    tokens = Tokens(config.signing_key, config.verify_keys, config.service, config.lifetime)
+    expires = int(time.time()) + 1
+    token = forge(config.signing_key, expires)
+    header = f"Bearer {token}".encode()
+    for _ in range(2):  # verified, then a hit on the very bytes
+        claims = tokens.verify_bearer(header)
+        assert claims is not None and claims.allows("team/app", "pull")
+        assert not claims.allows("team/app", "push")
+    assert header in tokens._cache
+    for variant in (f"bearer {token}", f"Bearer  {token} ", f"BEARER {token}".ljust(4000)):
+        assert tokens.verify_bearer(variant.encode()) is not None
+        assert variant.encode() not in tokens._cache  # remembered by its token, not its bytes
+    assert token in tokens._cache
+    header_, payload, signature = token.split(".")
+    widened = jwt.utils.base64url_encode(jwt.utils.base64url_decode(payload).replace(
+        b'"pull"', b'"push"')).decode()
+    too_long = f"Bearer {token}".ljust(tokens_module.MAX_AUTHORIZATION + 1).encode()
+    for refused in (f"Bearer {header_}.{widened}.{signature}".encode(), f"Basic {token}".encode(),
+                    token.encode(), too_long, f"Bearer {token[:-2]}".encode()):
+        assert tokens.verify_bearer(refused) is None
+        assert refused not in tokens._cache  # refusals are never remembered
+    wait_past(expires)
+    assert tokens.verify_bearer(header) is None  # a remembered header expires with its token
+    assert header not in tokens._cache
+    tokens = Tokens(config.signing_key, config.verify_keys, config.service, config.lifetime)
+    fresh = tokens.issue("alice", [Scope("repository", "team/app", frozenset({"pull"}))]).token
+    assert tokens.verify_bearer(f"Bearer {fresh}".encode()) is not None
+    tokens.keys = {}  # its key retired while the process runs
+    assert tokens.verify_bearer(f"Bearer {fresh}".encode()) is None
