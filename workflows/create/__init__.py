@@ -108,6 +108,15 @@ def create(name: Name, source: Source, options: CreateOptions, store: Store,
         raise CreateError(GGUF_QUANTIZE)
     pending = source.pending if isinstance(source, UploadedFiles) else {}
     arrivals = Arrivals(pending, cancel) if pending else None
+    try:
+        return _create(name, source, options, store, progress, cancel, arrivals)
+    finally:
+        if arrivals is not None:  # after the manifest: the sources' fsync is off its path
+            arrivals.release()
+
+
+def _create(name: Name, source: Source, options: CreateOptions, store: Store,
+            progress: Progress, cancel: CancelSignal, arrivals: Arrivals | None) -> Digest:
     with contextlib.ExitStack() as stack:
         draft_root = _local_dir(options.draft_dir, store, cancel, stack)
         draft = _inventory(draft_root, "draft/") if draft_root is not None else None
