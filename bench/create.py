@@ -15,7 +15,7 @@ mlx-lm runs `mlx_lm.convert` on the same checkpoint (affine int4/int8 with group
 the fp modes); its wall time and peak RSS (the whole process: it loads the model) are sampled
 the same way. The machine may be shared, so each pair runs `--repeat` times, alternating, with
 the checkpoint in the page cache first, and the best wall time (and its run's peaks) is kept.
-Prints one table.
+Prints every pair (the spread, with the 1-minute load average), then one table.
 """
 
 from __future__ import annotations
@@ -135,7 +135,8 @@ def bench_ferry(ckpt: Path, qtype: str, work: Path) -> dict[str, float]:
             wall, cli_peak = run_measured(cmd, env)
         # Again under another name: every blob is on the server now, so no upload happens.
         again, _ = run_measured([*cmd[:4], f"bench/again:{qtype}", *cmd[5:]], env)
-        return {"wall": wall, "server_peak": server_rss.peak, "server_idle": idle,
+        return {"wall": wall, "load": os.getloadavg()[0],
+                "server_peak": server_rss.peak, "server_idle": idle,
                 "cli_peak": cli_peak, "no_upload": again, "hash": hash_seconds(ckpt)}
     finally:
         server.terminate()
@@ -198,6 +199,12 @@ def main() -> int:
                 if with_ref:
                     warm_page_cache(ckpt)
                     ref_runs.append(bench_mlx_lm(ckpt, qtype, work))
+            for i, run in enumerate(ferry_runs):  # the spread: every pair, with the load
+                pair = f"  run {i + 1}: ferry {run['wall']:.1f}s"
+                if ref_runs:
+                    pair += (f", mlx-lm {ref_runs[i]['wall']:.1f}s, "
+                             f"{run['wall'] / ref_runs[i]['wall']:.2f}x")
+                print(f"{pair} (load {run['load']:.1f})", flush=True)
             ferry = min(ferry_runs, key=lambda r: r["wall"])
             ref = min(ref_runs, key=lambda r: r["wall"]) if ref_runs else None
             rows.append(_row(qtype, ferry, ref))

@@ -175,10 +175,12 @@ def _import_target(inv: Inventory, model_type: str, options: CreateOptions,
                    cancel: CancelSignal, arrivals: Arrivals | None = None,
                    ) -> tuple[list[Descriptor], ModelConfig]:
     plan = plan_model(inv, options.quantize)
+    # The JSON files first: they are all there already (while the weights may still arrive),
+    # so their fsyncs are not in the tail after the last tensor. The manifest's order is kept.
+    json_layers = _json_layers(inv, plan.json_files, store, cancel)
     progress({"status": f"importing {len(plan.blobs)} tensors"})
     layers = write_plan(plan, store, progress, cancel, arrivals)
-    layers += _json_layers(inv, plan.json_files, store, cancel)
-    return layers, build_config(inv, plan, model_type, options.requires, draft)
+    return layers + json_layers, build_config(inv, plan, model_type, options.requires, draft)
 
 
 def _import_draft(draft: Inventory, options: CreateOptions, store: Store, progress: Progress,

@@ -158,12 +158,15 @@ def test_cancel_mid_create_publishes_nothing(store, make_checkpoint):
             cancel.set()  # after the first tensor blob
 
     opts = CreateOptions(quantize=parse_quant_type("int4"))
+    ckpt = make_checkpoint("llama")
     with pytest.raises(CreateCancelled):
-        create(Name.parse("me/tiny"), make_checkpoint("llama"), opts, store, progress, cancel)
+        create(Name.parse("me/tiny"), ckpt, opts, store, progress, cancel)
     assert not [p for p in store.manifests_dir.rglob("*") if p.is_file()]
     assert sum(1 for e in seen if e.get("completed")) == 1
+    # One tensor blob, and the JSON files' blobs (written first); no temp file.
     blobs = list(store.blobs_dir.iterdir())
-    assert len(blobs) == 1 and not blobs[0].name.startswith(".tmp-")
+    assert len(blobs) == 1 + len(take_inventory(ckpt).json_files)
+    assert not [b for b in blobs if b.name.startswith(".tmp-")]
 
 
 def test_plan_is_pure_and_follows_the_policy(make_checkpoint):
