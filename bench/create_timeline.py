@@ -76,20 +76,20 @@ def patch_server() -> None:
     traced(blob_batch.BlobBatch, "close", "batch close")
     traced(write, "_quantized_parts", "quantize", lambda t, s: {"tensor": t.name})
     traced(Store, "write_manifest", "manifest")
-    original_write = blob_writer.BlobWriter.write
+    original_write = blob_writer.BlobWriter.write_chunks
     seen: set[int] = set()
 
-    def write(self: Any, chunk: Any) -> None:
+    def write_chunks(self: Any, chunks: Any) -> None:
         if id(self) not in seen and self.hasher.size == 0:
             seen.add(id(self))
             emit("receive first byte")
         emit("receive write start")
-        original_write(self, chunk)
+        original_write(self, chunks)
         emit("receive write end")
         if self.expected_size is not None and self.hasher.size == self.expected_size:
             emit("receive last byte")
 
-    blob_writer.BlobWriter.write = write  # type: ignore[method-assign]
+    blob_writer.BlobWriter.write_chunks = write_chunks  # type: ignore[method-assign]
 
 
 def patch_cli() -> None:

@@ -120,8 +120,13 @@ class BlobWriter:
         return self._done
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
-        self.hasher.update(chunk)
-        self._fh.write(chunk)
+        self.write_chunks((chunk,))
+
+    def write_chunks(self, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
+        """Write pieces in order (as received: no copy into one buffer first)."""
+        for chunk in chunks:
+            self.hasher.update(chunk)
+            self._fh.write(chunk)
         if self._sync_early and self.hasher.size - self._synced >= _SYNC_EVERY:
             self._sync_in_background()
         if self._on_written is not None:  # someone reads the temp file as it fills
@@ -213,7 +218,8 @@ class BlobWriter:
         """Write an async stream off the event loop, without committing; on any failure the
         temp file is removed.
 
-        Double-buffered: while a worker thread hashes and writes one batch, the loop receives
+        Double-buffered: while a worker thread hashes and writes one batch (the received pieces
+        as they are, not joined: a copy of every byte less on the event loop), the loop receives
         the next, so a fast upload is bounded by the slower of the two, not their sum. Writes
         stay in order because a batch starts only after the previous one finished.
         """
@@ -227,14 +233,14 @@ class BlobWriter:
                 if pending_size >= _FLUSH_BYTES:
                     if in_flight is not None:
                         await in_flight
-                    batch = b"".join(pending)
-                    in_flight = asyncio.ensure_future(asyncio.to_thread(self.write, batch))
+                    in_flight = asyncio.ensure_future(asyncio.to_thread(self.write_chunks,
+                                                                        pending))
                     pending, pending_size = [], 0
             if in_flight is not None:
                 await in_flight
                 in_flight = None
             if pending:
-                await asyncio.to_thread(self.write, b"".join(pending))
+                await asyncio.to_thread(self.write_chunks, pending)
         except BaseException:
             if in_flight is not None:
                 # The thread cannot be interrupted: let it finish before the file is removed.
