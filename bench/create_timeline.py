@@ -76,7 +76,9 @@ def patch_server() -> None:
     traced(blob_batch.BlobBatch, "close", "batch close")
     traced(write, "_quantized_parts", "quantize", lambda t, s: {"tensor": t.name})
     traced(Store, "write_manifest", "manifest")
-    original_write = blob_writer.BlobWriter.write_chunks
+    # Where the received bytes are written (`write` before receive handed over its pieces).
+    method = "write_chunks" if hasattr(blob_writer.BlobWriter, "write_chunks") else "write"
+    original_write = getattr(blob_writer.BlobWriter, method)
     seen: set[int] = set()
 
     def write_chunks(self: Any, chunks: Any) -> None:
@@ -89,7 +91,7 @@ def patch_server() -> None:
         if self.expected_size is not None and self.hasher.size == self.expected_size:
             emit("receive last byte")
 
-    blob_writer.BlobWriter.write_chunks = write_chunks  # type: ignore[method-assign]
+    setattr(blob_writer.BlobWriter, method, write_chunks)
 
 
 def patch_cli() -> None:
@@ -179,8 +181,9 @@ def thread_cpu(pid: int, log: Path) -> None:
         fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         seconds = (int(fields[11]) + int(fields[12])) / tick
         comm = (task / "comm").read_text().strip()
-        rows.append((seconds, names.get(int(task.name), comm)))
+        rows.append((seconds, f"{names.get(int(task.name), comm)}[{task.name}]"))
     print("server threads:", ", ".join(f"{n} {s:.2f}s" for s, n in sorted(rows)[::-1] if s))
+    print("threads by id:", {tid: name for tid, name in names.items()})
 
 
 def main() -> int:
