@@ -142,7 +142,7 @@ class Upload:
             self._cond.notify_all()
             now = self.readers == 0 and self._claim_persist()
         if now:
-            self._persist()
+            self._persist(reraise=True)  # the client hears that its blob could not be stored
         return actual
 
     def acquire(self) -> None:
@@ -166,7 +166,7 @@ class Upload:
         self._persist_claimed = True
         return True
 
-    def _persist(self) -> None:
+    def _persist(self, reraise: bool = False) -> None:
         assert self._writer is not None
         try:
             self._writer.persist(self._renamed)
@@ -175,6 +175,8 @@ class Upload:
             with self._cond:
                 self.error = f"could not store the upload: {_reason(exc)}"
                 self._cond.notify_all()
+            if reraise:
+                raise
 
     def _renamed(self, rename: Callable[[], Path]) -> Path:
         with self._cond:  # `link` sees the file under exactly one of its names

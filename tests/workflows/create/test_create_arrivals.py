@@ -159,3 +159,17 @@ def test_a_wrong_digest_removes_a_read_session_at_once(tmp_path):
     upload.release()
     assert upload.error is not None and not upload.wait_stored(1)
     assert list(store.blobs_dir.iterdir()) == []
+
+
+def test_a_failed_fsync_stores_nothing_and_the_committer_hears_it(tmp_path, monkeypatch):
+    store = Store(tmp_path / "models")
+    upload, digest = _received(store, b"abcd")
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(blob_writer.os, "fsync", broken)
+    with pytest.raises(OSError):
+        upload.commit(digest)
+    assert not upload.stored and upload.error is not None
+    assert list(store.blobs_dir.iterdir()) == []
