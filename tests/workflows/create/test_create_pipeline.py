@@ -196,3 +196,27 @@ def test_float16_and_float32_sources_keep_their_dtype_in_scales(store, make_chec
     assert group_error(restored.astype(mx.float32), source, 64) < ERROR_BOUNDS["int4"]
     norm, _ = _load_blob(store, by_name["model.norm.weight"])
     assert norm["model.norm.weight"].dtype == tag
+
+
+def test_uploaded_json_files_are_named_by_their_blobs_not_written_again(store, make_checkpoint,
+                                                                        monkeypatch):
+    """Same manifest as from the dir, but no JSON file is hashed, written or fsynced again."""
+    import workflows.create as create_module
+    from registry.digests import Digest
+    from workflows.create import UploadedFiles
+
+    from .helpers import upload_dir
+
+    ckpt = make_checkpoint("llama")
+    opts = CreateOptions(quantize=parse_quant_type("int4"))
+    create(Name.parse("me/from-dir"), ckpt, opts, store, lambda e: None, threading.Event())
+    files = {k: Digest.parse(v) for k, v in upload_dir(store, ckpt).items()}
+
+    def rewritten(*args, **kwargs):
+        raise AssertionError("an uploaded JSON file was written again")
+
+    monkeypatch.setattr(create_module, "write_file_layer", rewritten)
+    create(Name.parse("me/uploaded"), UploadedFiles(files), opts, store, lambda e: None,
+           threading.Event())
+    assert store.read_manifest(Name.parse("me/uploaded")) == \
+        store.read_manifest(Name.parse("me/from-dir"))
