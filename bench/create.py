@@ -15,13 +15,16 @@ mlx-lm runs `mlx_lm.convert` on the same checkpoint (affine int4/int8 with group
 the fp modes); its wall time and peak RSS (the whole process: it loads the model) are sampled
 the same way. The machine may be shared, so each pair runs `--repeat` times, alternating, with
 the checkpoint in the page cache first, and the best wall time (and its run's peaks) is kept.
-Prints one table.
+Prints every pair (the spread, with the 1-minute load average, and each side's CPU seconds:
+ferry's is the server's and the CLI's together, steadier than wall time on a shared machine),
+then one table.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -107,16 +110,32 @@ def hash_seconds(ckpt: Path) -> float:
     return time.perf_counter() - start
 
 
-def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS bytes of a command (and its children)."""
+def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS bytes and CPU seconds of a command (and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     with PeakRSS(proc.pid) as rss:
         _, err = proc.communicate()
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{err.decode()[-2000:]}")
-    return wall, rss.peak
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return wall, rss.peak, cpu
+
+
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def wait_for_temp_files(blobs: Path, timeout: float = 120) -> None:
+    """Until the server made the uploaded files durable (after the create, in the background),
+    so that work lands on neither the next run's clock nor mlx-lm's."""
+    deadline = time.monotonic() + timeout
+    while any(blobs.glob(".tmp-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def bench_ferry(ckpt: Path, qtype: str, work: Path) -> dict[str, float]:
@@ -131,11 +150,15 @@ def bench_ferry(ckpt: Path, qtype: str, work: Path) -> dict[str, float]:
         (work / "Modelfile").write_text(f"FROM {ckpt}\n")
         cmd = [PYTHON, "-m", "ferry.cli", "create", f"bench/m:{qtype}", "-f",
                str(work / "Modelfile"), "--quantize", qtype]
+        server_cpu = cpu_seconds(server.pid)
         with PeakRSS(server.pid) as server_rss:
-            wall, cli_peak = run_measured(cmd, env)
+            wall, cli_peak, cli_cpu = run_measured(cmd, env)
+        server_cpu = cpu_seconds(server.pid) - server_cpu
+        wait_for_temp_files(home / "models" / "blobs")
         # Again under another name: every blob is on the server now, so no upload happens.
-        again, _ = run_measured([*cmd[:4], f"bench/again:{qtype}", *cmd[5:]], env)
-        return {"wall": wall, "server_peak": server_rss.peak, "server_idle": idle,
+        again, _, _ = run_measured([*cmd[:4], f"bench/again:{qtype}", *cmd[5:]], env)
+        return {"wall": wall, "load": os.getloadavg()[0], "cpu": server_cpu + cli_cpu,
+                "server_peak": server_rss.peak, "server_idle": idle,
                 "cli_peak": cli_peak, "no_upload": again, "hash": hash_seconds(ckpt)}
     finally:
         server.terminate()
@@ -159,9 +182,9 @@ def bench_mlx_lm(ckpt: Path, qtype: str, work: Path) -> dict[str, float]:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [PYTHON, "-m", "mlx_lm", "convert", "--hf-path", str(ckpt), "--mlx-path", str(out),
            "-q", *MLX_LM_ARGS[qtype]]
-    wall, peak = run_measured(cmd, dict(os.environ))
+    wall, peak, cpu = run_measured(cmd, dict(os.environ))
     shutil.rmtree(out, ignore_errors=True)
-    return {"wall": wall, "peak": peak}
+    return {"wall": wall, "peak": peak, "cpu": cpu}
 
 
 def mib(n: float) -> str:
@@ -198,6 +221,13 @@ def main() -> int:
                 if with_ref:
                     warm_page_cache(ckpt)
                     ref_runs.append(bench_mlx_lm(ckpt, qtype, work))
+            for i, run in enumerate(ferry_runs):  # the spread: every pair, with the load
+                pair = f"  run {i + 1}: ferry {run['wall']:.1f}s (cpu {run['cpu']:.1f}s)"
+                if ref_runs:
+                    ref_run = ref_runs[i]
+                    pair += (f", mlx-lm {ref_run['wall']:.1f}s (cpu {ref_run['cpu']:.1f}s), "
+                             f"{run['wall'] / ref_run['wall']:.2f}x")
+                print(f"{pair} (load {run['load']:.1f})", flush=True)
             ferry = min(ferry_runs, key=lambda r: r["wall"])
             ref = min(ref_runs, key=lambda r: r["wall"]) if ref_runs else None
             rows.append(_row(qtype, ferry, ref))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import time
@@ -92,9 +93,11 @@ class BlobWriter:
     def __init__(self, blobs_dir: Path, expected: Digest | None = None,
                  expected_size: int | None = None,
                  on_written: Callable[[int], None] | None = None,
-                 reserved: Path | None = None) -> None:
+                 reserved: Path | None = None, sync_early: bool = True) -> None:
         """`reserved`: a temp file in `blobs_dir` made by `reserve_temp`, written from its start
-        without shrinking it (readers may already hold it at its full size)."""
+        without shrinking it (readers may already hold it at its full size). `sync_early=False`:
+        no flushing to disk while the bytes arrive (an upload session, whose durability is
+        wanted only after the create that reads it, see `verify` and `persist`)."""
         self.blobs_dir = blobs_dir
         self.expected = expected
         self.expected_size = expected_size
@@ -108,6 +111,8 @@ class BlobWriter:
         self._syncer: ThreadPoolExecutor | None = None
         self._syncing: Future[None] | None = None
         self._on_written = on_written
+        self._sync_early = sync_early
+        self.verified: Digest | None = None
 
     @property
     def done(self) -> bool:
@@ -115,9 +120,14 @@ class BlobWriter:
         return self._done
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
-        self.hasher.update(chunk)
-        self._fh.write(chunk)
-        if self.hasher.size - self._synced >= _SYNC_EVERY:
+        self.write_chunks((chunk,))
+
+    def write_chunks(self, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
+        """Write pieces in order (as received: no copy into one buffer first)."""
+        for chunk in chunks:
+            self.hasher.update(chunk)
+            self._fh.write(chunk)
+        if self._sync_early and self.hasher.size - self._synced >= _SYNC_EVERY:
             self._sync_in_background()
         if self._on_written is not None:  # someone reads the temp file as it fills
             self._fh.flush()
@@ -142,21 +152,41 @@ class BlobWriter:
         """Verify size and digest, fsync, and rename to the blob's final name. `expected`, when
         given, is the digest the bytes must have (a client that hashed while sending knows it
         only at the end)."""
+        self.verify(expected)
+        return self.persist()
+
+    def verify(self, expected: Digest | None = None) -> Digest:
+        """Check size and digest without making anything durable; the temp file stays (closed)
+        until `persist()`. On a mismatch the temp file is removed and the error raised."""
         if expected is not None:
             self.expected = expected
         try:
             self._fh.flush()
             self._stop_syncing()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
             actual = self.hasher.digest()
             if self.expected_size is not None and self.hasher.size != self.expected_size:
                 raise SizeMismatch(self.expected_size, self.hasher.size)
             if self.expected is not None and actual != self.expected:
                 raise DigestMismatch(str(self.expected), str(actual))
-            adopt_blob(self.blobs_dir, self.tmp_path, actual)
-            self._done = True
+            self.verified = actual
             return actual
+        finally:
+            if self.verified is None:
+                self.abort()
+
+    def persist(self, publish: Callable[[Callable[[], Path]], Path] | None = None) -> Digest:
+        """fsync the verified bytes, then give them their digest name (never before: a
+        digest-named file is always durable). `publish`, when given, runs the rename (the
+        callable it is handed), e.g. under a lock of the caller's."""
+        assert self.verified is not None, "persist() needs verify() first"
+        digest = self.verified
+        try:
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            rename = functools.partial(adopt_blob, self.blobs_dir, self.tmp_path, digest)
+            publish(rename) if publish is not None else rename()
+            self._done = True
+            return digest
         finally:
             if not self._done:
                 self.abort()
@@ -188,7 +218,8 @@ class BlobWriter:
         """Write an async stream off the event loop, without committing; on any failure the
         temp file is removed.
 
-        Double-buffered: while a worker thread hashes and writes one batch, the loop receives
+        Double-buffered: while a worker thread hashes and writes one batch (the received pieces
+        as they are, not joined: a copy of every byte less on the event loop), the loop receives
         the next, so a fast upload is bounded by the slower of the two, not their sum. Writes
         stay in order because a batch starts only after the previous one finished.
         """
@@ -202,14 +233,14 @@ class BlobWriter:
                 if pending_size >= _FLUSH_BYTES:
                     if in_flight is not None:
                         await in_flight
-                    batch = b"".join(pending)
-                    in_flight = asyncio.ensure_future(asyncio.to_thread(self.write, batch))
+                    in_flight = asyncio.ensure_future(asyncio.to_thread(self.write_chunks,
+                                                                        pending))
                     pending, pending_size = [], 0
             if in_flight is not None:
                 await in_flight
                 in_flight = None
             if pending:
-                await asyncio.to_thread(self.write, b"".join(pending))
+                await asyncio.to_thread(self.write_chunks, pending)
         except BaseException:
             if in_flight is not None:
                 # The thread cannot be interrupted: let it finish before the file is removed.

@@ -9,7 +9,15 @@ the bytes (`append` through its `BlobWriter`) and the create that waits for a by
 
 A session's bytes go to a temp file in `blobs/` reserved at the declared size (so MLX can map
 it while it fills). The client names the digest when the body is complete; only if the server's
-own hash of the bytes equals it does the file become that blob, else it is removed. A session
+own hash of the bytes equals it does the file become that blob, else it is removed.
+
+Verified is not yet durable. A safetensors file is never a layer of the model made from it
+(create writes one blob per tensor), so a create needs its sources verified, not on disk: while
+creates read a session (`acquire` .. `release`), its bytes are not flushed, and the fsync and
+rename to the digest name wait until the last reader released it, then run on a thread of
+their own, after the create published. Until then the file keeps its temp name (a digest-named
+file is always durable); a session no create reads is made durable in the request that commits
+it, so its blob is in the store when the client hears 201. A session
 that fails (a mismatch, a disconnect, no bytes for `stall_seconds`) removes its temp file, and
 every create waiting on it fails. The server never reads a path the client names: a session is
 identified by a random id the server chose, and its bytes are only those the client sent.
@@ -17,6 +25,8 @@ identified by a random id the server chose, and its bytes are only those the cli
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
 import shutil
 import threading
@@ -28,6 +38,8 @@ from typing import Protocol
 from registry.blob_writer import BlobWriter, reserve_temp
 from registry.digests import Digest
 from registry.errors import FerryError, TooLarge
+
+log = logging.getLogger("ferry.uploads")
 
 UPLOAD_REF_PREFIX = "upload:"
 MAX_OPEN_UPLOADS = 1024  # a create names at most max_create_files (1024) files
@@ -62,6 +74,9 @@ class Upload:
         self.digest: Digest | None = None
         self.error: str | None = None
         self.busy = False  # a request owns the file (sending or committing it)
+        self.stored = False  # durable under its digest name (after `digest` is known)
+        self.readers = 0  # creates reading the file: its persisting waits for them
+        self._persist_claimed = False  # commit or the last release makes it durable, once
         self.last_activity = time.monotonic()
         self._cond = threading.Condition()
         self._blobs_dir = blobs_dir
@@ -70,6 +85,7 @@ class Upload:
             self.path = reserve_temp(blobs_dir, size)  # a create links it into its staging dir
         except OSError as exc:  # e.g. larger than the filesystem allows
             raise UploadFailed(f"cannot hold {size} bytes: {exc.strerror}") from None
+        self._file = self.path  # the temp file, then (`stored`) the blob
 
     @property
     def finished(self) -> bool:
@@ -91,7 +107,8 @@ class Upload:
             self.busy = True
         try:
             self._writer = BlobWriter(self._blobs_dir, expected_size=self.size,
-                                      on_written=self._written, reserved=self.path)
+                                      on_written=self._written, reserved=self.path,
+                                      sync_early=False)
             await self._writer.receive(_at_most(stream, self.size))
         except BaseException as exc:
             self.fail(_reason(exc))
@@ -104,7 +121,8 @@ class Upload:
             raise UploadFailed(f"upload {self.id}: got {self.received} of {self.size} bytes")
 
     def commit(self, digest: Digest) -> Digest:
-        """Verify the bytes against the digest the client computed; publish them as that blob."""
+        """Verify the bytes against the digest the client computed; they become that blob now
+        if no create reads them, else once the last one released them (in the background)."""
         with self._cond:
             if (self.busy or self._writer is None or self.received != self.size
                     or self.finished):
@@ -112,7 +130,7 @@ class Upload:
                                    + (f": {self.error}" if self.error else ""))
             self.busy = True
         try:
-            actual = self._writer.commit(digest)  # removes the temp file if it raises
+            actual = self._writer.verify(digest)  # removes the temp file if it raises
         except BaseException as exc:
             with self._cond:
                 self.busy = False
@@ -122,7 +140,63 @@ class Upload:
             self.busy = False
             self.digest = actual
             self._cond.notify_all()
+            now = self.readers == 0 and self._claim_persist()
+        if now:
+            self._persist(reraise=True)  # the client hears that its blob could not be stored
         return actual
+
+    def acquire(self) -> None:
+        """A create reads this session's file: its fsync waits until `release()`."""
+        with self._cond:
+            self.readers += 1
+
+    def release(self) -> None:
+        """A create is done with the file; the last one out starts its persisting (a thread)."""
+        with self._cond:
+            self.readers -= 1
+            start = self.readers == 0 and self.digest is not None and self._claim_persist()
+        if start:
+            threading.Thread(target=self._persist, daemon=True,
+                             name=f"ferry-upload-persist-{self.id[:8]}").start()
+
+    def _claim_persist(self) -> bool:
+        """Under the lock: True for the one caller that must persist the verified file."""
+        if self._persist_claimed or self.error is not None:
+            return False
+        self._persist_claimed = True
+        return True
+
+    def _persist(self, reraise: bool = False) -> None:
+        assert self._writer is not None
+        try:
+            self._writer.persist(self._renamed)
+        except Exception as exc:  # the temp file is gone; the blob is simply not stored
+            log.warning("upload %s: verified, but not stored: %s", self.id, _reason(exc))
+            with self._cond:
+                self.error = f"could not store the upload: {_reason(exc)}"
+                self._cond.notify_all()
+            if reraise:
+                raise
+
+    def _renamed(self, rename: Callable[[], Path]) -> Path:
+        with self._cond:  # `link` sees the file under exactly one of its names
+            final = rename()
+            self._file, self.stored = final, True
+            self._cond.notify_all()
+        return final
+
+    def link(self, target: Path) -> None:
+        """Hard-link the session's file (its temp file, or its blob once stored) at `target`."""
+        with self._cond:
+            if self.error is not None:
+                raise UploadFailed(f"the upload failed: {self.error}")
+            os.link(self._file, target)
+
+    def wait_stored(self, timeout: float) -> bool:
+        """True once the verified bytes are a durable blob (tests; a drain on shutdown)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.stored or self.error is not None, timeout) \
+                and self.stored
 
     def fail(self, reason: str) -> None:
         """Mark the session failed and remove its temp file (a reader's link keeps its inode);

@@ -108,6 +108,15 @@ def create(name: Name, source: Source, options: CreateOptions, store: Store,
         raise CreateError(GGUF_QUANTIZE)
     pending = source.pending if isinstance(source, UploadedFiles) else {}
     arrivals = Arrivals(pending, cancel) if pending else None
+    try:
+        return _create(name, source, options, store, progress, cancel, arrivals)
+    finally:
+        if arrivals is not None:  # after the manifest: the sources' fsync is off its path
+            arrivals.release()
+
+
+def _create(name: Name, source: Source, options: CreateOptions, store: Store,
+            progress: Progress, cancel: CancelSignal, arrivals: Arrivals | None) -> Digest:
     with contextlib.ExitStack() as stack:
         draft_root = _local_dir(options.draft_dir, store, cancel, stack)
         draft = _inventory(draft_root, "draft/") if draft_root is not None else None
@@ -151,7 +160,9 @@ def _source_layers(source: Source, options: CreateOptions, draft: Inventory | No
     assert root is not None
     inv = _inventory(root, "", arrivals)
     model_type = validate_checkpoint(inv)
-    return _import_target(inv, model_type, options, draft, store, progress, cancel, arrivals)
+    known = source.files if isinstance(source, UploadedFiles) else {}
+    return _import_target(inv, model_type, options, draft, store, progress, cancel, arrivals,
+                          known)
 
 
 def _inventory(root: Path, where: str, arrivals: Arrivals | None = None) -> Inventory:
@@ -164,12 +175,16 @@ def _inventory(root: Path, where: str, arrivals: Arrivals | None = None) -> Inve
 def _import_target(inv: Inventory, model_type: str, options: CreateOptions,
                    draft: Inventory | None, store: Store, progress: Progress,
                    cancel: CancelSignal, arrivals: Arrivals | None = None,
+                   known: Mapping[str, Digest] | None = None,
                    ) -> tuple[list[Descriptor], ModelConfig]:
     plan = plan_model(inv, options.quantize)
+    # The JSON files first: they are all there already (while the weights may still arrive),
+    # so whatever they cost is not in the tail after the last tensor. The manifest's order is
+    # kept.
+    json_layers = _json_layers(inv, plan.json_files, store, cancel, known)
     progress({"status": f"importing {len(plan.blobs)} tensors"})
     layers = write_plan(plan, store, progress, cancel, arrivals)
-    layers += _json_layers(inv, plan.json_files, store, cancel)
-    return layers, build_config(inv, plan, model_type, options.requires, draft)
+    return layers + json_layers, build_config(inv, plan, model_type, options.requires, draft)
 
 
 def _import_draft(draft: Inventory, options: CreateOptions, store: Store, progress: Progress,
@@ -182,11 +197,19 @@ def _import_draft(draft: Inventory, options: CreateOptions, store: Store, progre
 
 
 def _json_layers(inv: Inventory, files: tuple[tuple[str, str], ...], store: Store,
-                 cancel: CancelSignal) -> list[Descriptor]:
+                 cancel: CancelSignal, known: Mapping[str, Digest] | None = None,
+                 ) -> list[Descriptor]:
+    """A layer per file. A file uploaded as a blob (`known`: path -> digest) is that blob
+    already, verified and durable, and its staged copy is a link to it: named as it is, not
+    hashed, written and fsynced again."""
     layers = []
     for name, rel in files:
         check_cancel(cancel)
-        layers.append(write_file_layer(store, inv.root / rel, name, mt.JSON))
+        digest = (known or {}).get(rel)
+        if digest is not None and store.has_blob(digest):
+            layers.append(Descriptor(mt.JSON, digest, store.blob_size(digest), name=name))
+        else:
+            layers.append(write_file_layer(store, inv.root / rel, name, mt.JSON))
     return layers
 
 

@@ -7,16 +7,16 @@ file first asks `wait(path, end)` for the bytes it needs (a shard's header, one 
 and the plan is written in the order the bytes arrive. Before anything is published,
 `wait_verified()` blocks until every session's bytes matched the digest the client computed: a
 mismatch, a disconnect or a stall fails the create, which then publishes no manifest.
+The create holds each session (`Upload.acquire`) until `release()`, after it published: the
+uploaded files are sources, never layers, so their fsync waits until then, off the create's path.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from registry.digests import Digest
-from registry.store import Store
 from registry.upload_sessions import Upload, UploadFailed
 from workflows.create.errors import CreateCancelled, CreateError
 from workflows.create.write import CancelSignal
@@ -30,6 +30,14 @@ class Arrivals:
         self.cancel = cancel
         self._by_path: dict[Path, tuple[str, Upload]] = {}
         self._rank = {rel: i for i, rel in enumerate(sorted(self.pending))}
+        for upload in self.pending.values():
+            upload.acquire()
+
+    def release(self) -> None:
+        """The create is over (published or failed): the sessions may become durable blobs."""
+        uploads, self.pending = list(self.pending.values()), {}
+        for upload in uploads:
+            upload.release()
 
     def attach(self, root: Path) -> None:
         self._by_path = {root / rel: (rel, up) for rel, up in self.pending.items()}
@@ -66,19 +74,11 @@ class Arrivals:
         raise CreateError(exc.message, rel) from exc
 
 
-def link_upload(store: Store, upload: Upload, target: Path, cancel: CancelSignal) -> None:
-    """Link a session's file at `target`: its temp file, or the blob once it was verified."""
-    if upload.digest is None:
-        try:
-            os.link(upload.path, target)
-            return
-        except FileNotFoundError:
-            pass  # renamed to its blob name (being committed) or removed (failed): wait to know
-        try:
-            upload.wait_verified(cancel)
-        except UploadFailed as exc:
-            if cancel.is_set():
-                raise CreateCancelled("create cancelled") from exc
-            raise CreateError(exc.message) from exc
-    assert upload.digest is not None
-    os.link(store.blob_path(upload.digest), target)
+def link_upload(upload: Upload, target: Path, cancel: CancelSignal) -> None:
+    """Link a session's file at `target`: its temp file, or its blob once stored."""
+    try:
+        upload.link(target)
+    except UploadFailed as exc:
+        if cancel.is_set():
+            raise CreateCancelled("create cancelled") from exc
+        raise CreateError(exc.message) from exc

@@ -1,12 +1,13 @@
 """Many tensor blobs, written durably without paying for hashing, writing and one fsync per
 blob in the critical path.
 
-A background thread hashes each blob while writing it to a temp file in `blobs/`, then fsyncs
-it, while the caller quantizes the next tensor (at most MAX_IN_FLIGHT blobs wait, so memory
-stays bounded by a few tensors). When the batch closes, every blob that reached the disk is
-renamed to its digest name and `blobs/` is fsynced once. So a digest-named file is always
-complete and durable (a crash leaves only temp files, which prune sweeps), and blobs written
-before a cancel or an error still become blobs, for a retry to reuse.
+A background thread hashes each blob while writing it to a temp file in `blobs/`, while the
+caller quantizes the next tensor (at most MAX_IN_FLIGHT blobs wait, so memory stays bounded by a
+few tensors); its fsync then runs on a pool of SYNC_THREADS, so the writer never waits for the
+disk, and fsyncs that overlap share the filesystem's journal commits. When the batch closes,
+every blob that reached the disk is renamed to its digest name and `blobs/` is fsynced once. So a
+digest-named file is always complete and durable (a crash leaves only temp files, which prune
+sweeps), and blobs written before a cancel or an error still become blobs, for a retry to reuse.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from registry.digests import Digest, Hasher
 from registry.store import Store
 
 MAX_IN_FLIGHT = 4
+SYNC_THREADS = 4
 
 
 class BlobBatch:
@@ -29,7 +31,10 @@ class BlobBatch:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-blobs")
+        self._syncer = ThreadPoolExecutor(max_workers=SYNC_THREADS,
+                                          thread_name_prefix="ferry-blobs-sync")
         self._futures: list[Future[tuple[Path, Digest, int]]] = []
+        self._syncs: list[Future[Path]] = []
         store.blobs_dir.mkdir(parents=True, exist_ok=True)
 
     def submit(self, chunks: Iterable[bytes | memoryview]) -> Future[tuple[Path, Digest, int]]:
@@ -48,8 +53,7 @@ class BlobBatch:
                 for chunk in chunks:
                     hasher.update(chunk)
                     fh.write(chunk)
-                fh.flush()
-                os.fsync(fh.fileno())
+            self._syncs.append(self._syncer.submit(_fsync, tmp))
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -57,19 +61,36 @@ class BlobBatch:
 
     def close(self) -> None:
         """Publish every blob that reached the disk; the temp files of the rest are gone."""
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True)  # every fsync is queued once the writes are done
+        self._syncer.shutdown(wait=True)
+        synced = {f.result() for f in self._syncs if f.exception() is None}
         published = False
         for future in self._futures:
-            if future.exception() is None:
-                tmp, digest, _ = future.result()
+            if future.exception() is not None:
+                continue
+            tmp, digest, _ = future.result()
+            if tmp in synced:
                 self.store.adopt_blob(tmp, digest, sync_dir=False)
                 published = True
+            else:  # its fsync failed: the bytes may not be on disk, so it never takes a name
+                tmp.unlink(missing_ok=True)
         if published:
             fsync_dir(self.store.blobs_dir)
         self._futures.clear()
+        self._syncs.clear()
 
     def __enter__(self) -> BlobBatch:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _fsync(path: Path) -> Path:
+    """fsync a written file by its path (any descriptor of the inode flushes its data)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path

@@ -85,7 +85,7 @@ def parse_files_map(value: Any, field: str, limit: int,
         upload_id = parse_upload_ref(digest)
         if upload_id is not None:
             upload = _open_upload(uploads, upload_id, path, field)
-            if upload.digest is not None:
+            if upload.stored and upload.digest is not None:
                 out[path] = upload.digest
             else:
                 pending[path] = upload
@@ -153,7 +153,7 @@ def staged_dir(store: Store, files: Mapping[str, Digest], cancel: CancelSignal,
         for rel, upload in (pending or {}).items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             try:
-                link_upload(store, upload, root / rel, cancel)
+                link_upload(upload, root / rel, cancel)
             except OSError as exc:
                 raise CreateError(f"file {rel!r} cannot be staged: "
                                   f"{exc.strerror or type(exc).__name__}") from None

@@ -9,8 +9,11 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
 from registry import blob_writer
 from registry.digests import Digest
+from registry.errors import DigestMismatch
 from registry.names import Name
 from registry.store import Store
 from registry.upload_sessions import Uploads
@@ -81,19 +84,26 @@ def test_create_quantizes_a_shard_as_it_arrives(store, wide_checkpoint):
         store.read_manifest(Name.parse("me/stored"))
     # Tensors were written before the whole shard was there.
     assert any(received < len(data) for _, received in progress)
+    # The source is made durable after the create, in the background, then named.
+    assert upload.wait_stored(30)
     assert store.has_blob(Digest.parse(stored[SHARD]))
     assert sorted(store.blobs_dir.glob(".tmp-*")) == []
 
 
-def test_staging_a_session_in_the_middle_of_its_commit_links_the_blob(tmp_path, monkeypatch):
-    """The temp file is renamed to its blob name a moment before the session knows its digest."""
-    store = Store(tmp_path / "models")
-    upload = Uploads(store.blobs_dir, stall_seconds=30).start(4)
+def _received(store: Store, data: bytes):
+    upload = Uploads(store.blobs_dir, stall_seconds=30).start(len(data))
 
     async def body() -> AsyncIterator[bytes]:
-        yield b"abcd"
+        yield data
 
     asyncio.run(upload.receive(body()))
+    return upload, Digest.parse("sha256:" + hashlib.sha256(data).hexdigest())
+
+
+def test_staging_a_session_while_it_is_renamed_links_the_one_file(tmp_path, monkeypatch):
+    """Linking and the rename to the blob name exclude each other: the link is always made."""
+    store = Store(tmp_path / "models")
+    upload, digest = _received(store, b"abcd")
     renamed = threading.Event()
     adopt = blob_writer.adopt_blob
 
@@ -104,10 +114,62 @@ def test_staging_a_session_in_the_middle_of_its_commit_links_the_blob(tmp_path, 
         return path
 
     monkeypatch.setattr(blob_writer, "adopt_blob", slow_adopt)
-    commit = threading.Thread(target=upload.commit,
-                              args=(Digest.parse("sha256:" + hashlib.sha256(b"abcd").hexdigest()),))
+    commit = threading.Thread(target=upload.commit, args=(digest,))
     commit.start()
-    assert renamed.wait(10) and upload.digest is None
-    link_upload(store, upload, tmp_path / SHARD, threading.Event())
+    assert renamed.wait(10)
+    link_upload(upload, tmp_path / SHARD, threading.Event())
     commit.join()
     assert (tmp_path / SHARD).read_bytes() == b"abcd"
+    assert upload.stored and store.has_blob(digest)
+
+
+def test_a_session_a_create_reads_is_stored_only_after_its_release(tmp_path, monkeypatch):
+    """Verified is enough for the create; the fsync and the digest name come after it."""
+    store = Store(tmp_path / "models")
+    upload, digest = _received(store, b"abcd")
+    synced: list[int] = []
+    fsync = blob_writer.os.fsync
+    monkeypatch.setattr(blob_writer.os, "fsync", lambda fd: (synced.append(fd), fsync(fd)))
+    upload.acquire()
+    assert upload.commit(digest) == digest and upload.digest == digest
+    assert not upload.stored and not store.has_blob(digest) and synced == []
+    assert [p.name.startswith(".tmp-") for p in store.blobs_dir.iterdir()] == [True]
+    link_upload(upload, tmp_path / SHARD, threading.Event())  # the temp file, for a reader
+    upload.release()
+    assert upload.wait_stored(30) and store.has_blob(digest) and synced
+    assert [p.name for p in store.blobs_dir.iterdir()] == [digest.filename]
+    assert (tmp_path / SHARD).read_bytes() == b"abcd"
+
+
+def test_a_session_no_create_reads_is_stored_when_committed(tmp_path):
+    store = Store(tmp_path / "models")
+    upload, digest = _received(store, b"abcd")
+    upload.commit(digest)
+    assert upload.stored and store.has_blob(digest)
+    assert sorted(store.blobs_dir.glob(".tmp-*")) == []
+
+
+def test_a_wrong_digest_removes_a_read_session_at_once(tmp_path):
+    store = Store(tmp_path / "models")
+    upload, _ = _received(store, b"abcd")
+    upload.acquire()
+    wrong = Digest.parse("sha256:" + hashlib.sha256(b"abce").hexdigest())
+    with pytest.raises(DigestMismatch):
+        upload.commit(wrong)
+    upload.release()
+    assert upload.error is not None and not upload.wait_stored(1)
+    assert list(store.blobs_dir.iterdir()) == []
+
+
+def test_a_failed_fsync_stores_nothing_and_the_committer_hears_it(tmp_path, monkeypatch):
+    store = Store(tmp_path / "models")
+    upload, digest = _received(store, b"abcd")
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(blob_writer.os, "fsync", broken)
+    with pytest.raises(OSError):
+        upload.commit(digest)
+    assert not upload.stored and upload.error is not None
+    assert list(store.blobs_dir.iterdir()) == []

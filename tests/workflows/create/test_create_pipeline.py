@@ -158,12 +158,15 @@ def test_cancel_mid_create_publishes_nothing(store, make_checkpoint):
             cancel.set()  # after the first tensor blob
 
     opts = CreateOptions(quantize=parse_quant_type("int4"))
+    ckpt = make_checkpoint("llama")
     with pytest.raises(CreateCancelled):
-        create(Name.parse("me/tiny"), make_checkpoint("llama"), opts, store, progress, cancel)
+        create(Name.parse("me/tiny"), ckpt, opts, store, progress, cancel)
     assert not [p for p in store.manifests_dir.rglob("*") if p.is_file()]
     assert sum(1 for e in seen if e.get("completed")) == 1
+    # One tensor blob, and the JSON files' blobs (written first); no temp file.
     blobs = list(store.blobs_dir.iterdir())
-    assert len(blobs) == 1 and not blobs[0].name.startswith(".tmp-")
+    assert len(blobs) == 1 + len(take_inventory(ckpt).json_files)
+    assert not [b for b in blobs if b.name.startswith(".tmp-")]
 
 
 def test_plan_is_pure_and_follows_the_policy(make_checkpoint):
@@ -193,3 +196,27 @@ def test_float16_and_float32_sources_keep_their_dtype_in_scales(store, make_chec
     assert group_error(restored.astype(mx.float32), source, 64) < ERROR_BOUNDS["int4"]
     norm, _ = _load_blob(store, by_name["model.norm.weight"])
     assert norm["model.norm.weight"].dtype == tag
+
+
+def test_uploaded_json_files_are_named_by_their_blobs_not_written_again(store, make_checkpoint,
+                                                                        monkeypatch):
+    """Same manifest as from the dir, but no JSON file is hashed, written or fsynced again."""
+    import workflows.create as create_module
+    from registry.digests import Digest
+    from workflows.create import UploadedFiles
+
+    from .helpers import upload_dir
+
+    ckpt = make_checkpoint("llama")
+    opts = CreateOptions(quantize=parse_quant_type("int4"))
+    create(Name.parse("me/from-dir"), ckpt, opts, store, lambda e: None, threading.Event())
+    files = {k: Digest.parse(v) for k, v in upload_dir(store, ckpt).items()}
+
+    def rewritten(*args, **kwargs):
+        raise AssertionError("an uploaded JSON file was written again")
+
+    monkeypatch.setattr(create_module, "write_file_layer", rewritten)
+    create(Name.parse("me/uploaded"), UploadedFiles(files), opts, store, lambda e: None,
+           threading.Event())
+    assert store.read_manifest(Name.parse("me/uploaded")) == \
+        store.read_manifest(Name.parse("me/from-dir"))

@@ -122,7 +122,11 @@ def test_create_waits_for_bytes_that_arrive_after_it_started(model_server, store
     assert done.status_code == 201 and done.json()["digest"] == digest
     create.join(60)
     assert lines[0] == 200 and lines[-1] == {"status": "success"}
-    assert store.has_blob(Digest.parse(digest))  # the verified upload is a blob now
+    # The verified upload becomes a blob after the create published (durable off its path).
+    deadline = time.monotonic() + 30
+    while not store.has_blob(Digest.parse(digest)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.has_blob(Digest.parse(digest)) and _temp_files(store) == []
     _sequential_create(model_server, store, ckpt, "me/seq", "int4")
     assert _manifest(store, "me/late") == _manifest(store, "me/seq")
     assert _temp_files(store) == []
