@@ -60,10 +60,13 @@ class BlobBatch:
         return tmp, hasher.digest(), hasher.size
 
     def close(self) -> None:
-        """Publish every blob that reached the disk; the temp files of the rest are gone."""
+        """Publish every blob that reached the disk; the temp files of the rest are gone. A
+        blob whose fsync failed never takes its name, and the batch then raises that error:
+        the create that wrote it must not publish a manifest naming it."""
         self._pool.shutdown(wait=True)  # every fsync is queued once the writes are done
         self._syncer.shutdown(wait=True)
         synced = {f.result() for f in self._syncs if f.exception() is None}
+        failed = next((f.exception() for f in self._syncs if f.exception() is not None), None)
         published = False
         for future in self._futures:
             if future.exception() is not None:
@@ -78,6 +81,8 @@ class BlobBatch:
             fsync_dir(self.store.blobs_dir)
         self._futures.clear()
         self._syncs.clear()
+        if failed is not None:
+            raise failed
 
     def __enter__(self) -> BlobBatch:
         return self
