@@ -13,7 +13,6 @@ Blobs are immutable and content-addressed, so the open file stays valid.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -21,6 +20,7 @@ import mlx.nn as nn
 import numpy as np
 
 from runner.gguf_load import GGUFTensor, check_rows, convert_tensor
+from runner.nn.mapped_embedding import read_rows, unique_rows
 
 
 @dataclass(frozen=True)
@@ -49,16 +49,9 @@ class GGUFEmbedding(nn.Module):
         self.file = open(tensor.path, "rb")  # noqa: SIM115 - held for the module's lifetime
 
     def __call__(self, ids: mx.array) -> mx.array:
-        index = np.asarray(memoryview(ids.astype(mx.int64)))  # type: ignore[arg-type]
-        wanted, where = np.unique(index, return_inverse=True)
-        if wanted.size and (wanted[0] < 0 or wanted[-1] >= self.n_rows):
-            raise IndexError(f"token id out of range for a {self.n_rows}-row embedding")
+        index, wanted, where = unique_rows(ids, self.n_rows)
         data = np.empty((wanted.size, self.row_bytes), dtype=np.uint8)
-        fd = self.file.fileno()
-        for i, row in enumerate(wanted.tolist()):
-            got = os.preadv(fd, [memoryview(data[i])], self.start + row * self.row_bytes)
-            if got != self.row_bytes:
-                raise OSError(f"GGUF {self.name} is short: row {row} read {got} bytes")
+        read_rows(self.file.fileno(), self.start, self.row_bytes, wanted, data, f"GGUF {self.name}")
         rows = _Rows(self.name, self.tensor_type, data)
         parts, qtype = convert_tensor(rows, (wanted.size, self.n_cols), "native")
         table = parts["weight"] if qtype is None else mx.dequantize(

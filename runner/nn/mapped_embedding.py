@@ -47,18 +47,31 @@ class MappedEmbedding(nn.Module):
         self.start = 8 + header_bytes + int(entry["data_offsets"][0])
 
     def __call__(self, ids: mx.array) -> mx.array:
-        index = np.asarray(memoryview(ids.astype(mx.int64)))  # type: ignore[arg-type]
-        wanted, where = np.unique(index, return_inverse=True)
-        if wanted.size and (wanted[0] < 0 or wanted[-1] >= self.n_rows):
-            raise IndexError(f"token id out of range for a {self.n_rows}-row embedding")
+        index, wanted, where = unique_rows(ids, self.n_rows)
         table = np.empty((wanted.size, self.n_cols), dtype=self.storage)
-        fd = self.file.fileno()
-        for i, row in enumerate(wanted.tolist()):
-            got = os.preadv(fd, [memoryview(table[i]).cast("B")], self.start + row * self.row_bytes)
-            if got != self.row_bytes:
-                raise OSError(f"embedding blob is short: row {row} read {got} bytes")
+        read_rows(self.file.fileno(), self.start, self.row_bytes, wanted, table, "embedding blob")
         found = mx.array(table[where.reshape(index.shape)])
         return found.view(self.dtype) if self.dtype == mx.bfloat16 else found
 
     def as_linear(self, x: mx.array) -> mx.array:
         raise NotImplementedError("a mapped embedding serves lookups only (untied heads)")
+
+
+def unique_rows(ids: mx.array, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The looked-up ids (host), each distinct row once (sorted), and where each id's row is
+    among them; an id outside [0, n_rows) is an IndexError."""
+    index = np.asarray(memoryview(ids.astype(mx.int64)))  # type: ignore[arg-type]
+    wanted, where = np.unique(index, return_inverse=True)
+    if wanted.size and (wanted[0] < 0 or wanted[-1] >= n_rows):
+        raise IndexError(f"token id out of range for a {n_rows}-row embedding")
+    return index, wanted, where
+
+
+def read_rows(fd: int, start: int, row_bytes: int, rows: np.ndarray, out: np.ndarray,
+              what: str) -> None:
+    """Read rows `rows` of a row-major table at byte `start` of `fd` into `out` (one per row);
+    a short read is an OSError naming `what`."""
+    for i, row in enumerate(rows.tolist()):
+        got = os.preadv(fd, [memoryview(out[i]).cast("B")], start + row * row_bytes)
+        if got != row_bytes:
+            raise OSError(f"{what} is short: row {row} read {got} bytes")
