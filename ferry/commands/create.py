@@ -30,7 +30,6 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColum
 from ferry.client import CLIError, ServerClient, error_text, server_verify, unreachable
 from ferry.config import Settings
 from ferry.digest_cache import DigestCache
-from ferry.send_file import PlainTarget, SendStopped, plain_target, send_file
 from registry.digests import Digest, Hasher, sha256_file
 
 if TYPE_CHECKING:
@@ -267,9 +266,6 @@ class StreamedUploads:
         self.streams = sorted(streams.items(), key=lambda kv: kv[1][0])
         self.cache, self.bars = cache, bars
         self._http = httpx.Client(base_url=base_url, timeout=timeout, verify=verify)
-        self._timeout = timeout
-        # Plain http: bodies go by sendfile (`ferry.send_file`); https through httpx.
-        self._plain: PlainTarget | None = plain_target(base_url)
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ferry-upload", daemon=True)
@@ -324,9 +320,16 @@ class StreamedUploads:
         size = path.stat().st_size
         task = self.bars.add_task(f"uploading {path.name}", total=size)
         hasher = Hasher()
-        response = (self._send_plain(self._plain, upload_id, path, size, hasher, task)
-                    if self._plain is not None
-                    else self._send_httpx(upload_id, path, size, hasher, task))
+
+        def body() -> Iterator[bytes]:
+            for chunk in _chunks(path, lambda n: self.bars.advance(task, n)):
+                if self._stop.is_set():
+                    raise CLIError("upload stopped")
+                hasher.update(chunk)
+                yield chunk
+
+        response = self._http.patch(f"/api/uploads/{upload_id}", content=body(),
+                                    headers={"Content-Length": str(size)})
         if response.status_code >= 400:
             raise CLIError(f"uploading {path.name}: {error_text(response)}")
         if hasher.size != size:
@@ -337,30 +340,6 @@ class StreamedUploads:
             raise CLIError(f"uploading {path.name}: {error_text(response)}")
         self.cache.put(path, digest)
         self.bars.update(task, completed=size, description=f"uploaded {path.name}")
-
-    def _send_plain(self, target: PlainTarget, upload_id: str, path: Path, size: int,
-                    hasher: Hasher, task: TaskID) -> httpx.Response:
-        try:
-            reply = send_file(target, "PATCH", f"/api/uploads/{upload_id}", path, size, hasher,
-                              timeout=self._timeout.write or 600.0,
-                              connect_timeout=self._timeout.connect or 30.0,
-                              on_sent=lambda n: self.bars.advance(task, n),
-                              stopped=self._stop.is_set)
-        except SendStopped:
-            raise CLIError("upload stopped") from None
-        return httpx.Response(reply.status, headers=reply.headers, content=reply.body)
-
-    def _send_httpx(self, upload_id: str, path: Path, size: int, hasher: Hasher,
-                    task: TaskID) -> httpx.Response:
-        def body() -> Iterator[bytes]:
-            for chunk in _chunks(path, lambda n: self.bars.advance(task, n)):
-                if self._stop.is_set():
-                    raise CLIError("upload stopped")
-                hasher.update(chunk)
-                yield chunk
-
-        return self._http.patch(f"/api/uploads/{upload_id}", content=body(),
-                                headers={"Content-Length": str(size)})
 
 
 def _render(events: Iterator[dict[str, Any]], bars: Progress) -> None:
