@@ -66,12 +66,10 @@ def store(settings):
 
 @pytest.fixture
 def model_server(settings) -> Iterator[str]:
-    """A real `ferry serve` app (its HTTP protocol too) on a free loopback port; yields its
-    base URL."""
+    """A real `ferry serve` app on a free loopback port; yields its base URL."""
     from ferry.app import build_model_server
-    from server.body_protocol import ModelServerProtocol
 
-    with serve_app(build_model_server(settings), http=ModelServerProtocol) as url:
+    with serve_app(build_model_server(settings)) as url:
         yield url
 
 

@@ -114,12 +114,10 @@ def test_both_start_commands_use_the_capped_protocol(monkeypatch, tmp_path: Path
 
     from ferry.cli import main
     from registry.service.app import BulkHttpProtocol
-    from server.body_protocol import ModelServerProtocol
 
     seen: list[object] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.append(kw["http"]))
     monkeypatch.setenv("FERRY_HOME", str(tmp_path))
     assert main(["serve"]) == 0 and main(["registry", "serve"]) == 0
-    assert seen == [ModelServerProtocol, BulkHttpProtocol]
+    assert seen == [HeaderLimitedProtocol, BulkHttpProtocol]
     assert issubclass(BulkHttpProtocol, HeaderLimitedProtocol)
-    assert issubclass(ModelServerProtocol, HeaderLimitedProtocol)

@@ -35,12 +35,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from ferry.app import build_model_server
-    from server.body_protocol import ModelServerProtocol
+    from registry.service.header_limits import HeaderLimitedProtocol
 
     changes = {k: v for k, v in (("tls_cert", args.tls_cert), ("tls_key", args.tls_key)) if v}
     settings = settings.with_(**changes) if changes else settings
     tls = tls_options(settings)
     app = build_model_server(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
-                timeout_graceful_shutdown=5, http=ModelServerProtocol, **tls)
+                timeout_graceful_shutdown=5, http=HeaderLimitedProtocol, **tls)
     return 0
