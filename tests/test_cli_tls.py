@@ -116,3 +116,19 @@ def test_tls_needs_both_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
     cert, _, _ = write_cert(tmp_path)
     assert main(["registry", "serve", "--root", str(tmp_path), "--tls-cert", cert]) == 1
     assert "both a certificate and its key" in capsys.readouterr().err
+
+
+def test_cli_clients_share_one_trust_context_per_ca_file(tmp_path: Path) -> None:
+    """Loading a CA bundle costs tens of ms: `ferry create` builds it once for its clients."""
+    from ferry.client import server_verify
+    from ferry.config import Settings
+
+    ca_file = tmp_path / "ca.pem"
+    shared_ca().cert_pem.write_to_path(str(ca_file))
+    plain = Settings.from_env({"FERRY_HOME": str(tmp_path)})
+    private = Settings.from_env({"FERRY_HOME": str(tmp_path), "SSL_CERT_FILE": str(ca_file)})
+    assert isinstance(server_verify(plain), ssl.SSLContext)
+    assert server_verify(plain) is server_verify(plain)
+    assert server_verify(private) is server_verify(private)
+    assert server_verify(private) is not server_verify(plain)
+    assert server_verify(private).get_ca_certs() != server_verify(plain).get_ca_certs()

@@ -1,14 +1,15 @@
 """`ferry create NAME [-f Modelfile] [--quantize TYPE] [--draft-quantize TYPE]`.
 
-The heavy work runs in the model server. The CLI parses the Modelfile; for each metadata file
-of the FROM (and every file of the DRAFT) source it hashes the file, asks `HEAD
-/api/blobs/<digest>` and uploads only what the server lacks (`POST /api/blobs/<digest>`, retried
-on transient errors). The model's safetensors files instead stream to upload sessions (a ferry
-extension, `server/uploads_api.py`), hashed as they are sent, while `POST /api/create` already
-runs: the server quantizes each tensor as its bytes arrive and publishes only after every file
-matched the digest the CLI computed. A local digest cache (`ferry/digest_cache.py`) lets a re-run
-skip files the server already has without hashing them; a server without sessions (Ollama) gets
-the hash-then-upload flow for every file. The CLI renders the create's progress stream.
+The heavy work runs in the model server. The CLI parses the Modelfile. The model's
+safetensors files stream to upload sessions (a ferry extension, `server/uploads_api.py`),
+hashed as they are sent, from before anything else is uploaded and while `POST /api/create`
+already runs: the server quantizes each tensor as its bytes arrive and publishes only after
+every file matched the digest the CLI computed. Meanwhile, for each metadata file of the FROM
+(and every file of the DRAFT) source the CLI hashes the file, asks `HEAD /api/blobs/<digest>`
+and uploads only what the server lacks (`POST /api/blobs/<digest>`, retried on transient
+errors). A local digest cache (`ferry/digest_cache.py`) lets a re-run skip files the server
+already has without hashing them; a server without sessions (Ollama) gets the
+hash-then-upload flow for every file. The CLI renders the create's progress stream.
 """
 
 from __future__ import annotations
@@ -175,16 +176,22 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             httpx.Client(base_url=settings.base_url, timeout=timeout,
                          verify=server_verify(settings)) as http:
         try:
-            refs, streams = _prepare_uploads(http, uploads, cache, bars)
+            refs, streams, blobs = _start_streams(http, uploads, cache, bars)
         except httpx.ConnectError as exc:
             raise unreachable(settings.base_url, exc) from exc
-        for field in ("files", "draft_files"):
-            if field in body:
-                prefix = "files/" if field == "files" else "draft/"
-                body[field] = {rel: refs[prefix + rel] for rel in body[field]}
+        # The weights start streaming now; the small files follow beside them, then the create.
         sender = StreamedUploads(settings.base_url, timeout, streams, cache, bars,
                                  verify=server_verify(settings))
         with sender, ServerClient(settings) as client:
+            try:
+                for key, path in blobs.items():
+                    refs[key] = str(_hash_and_upload(http, path, cache, bars))
+            except httpx.ConnectError as exc:
+                raise unreachable(settings.base_url, exc) from exc
+            for field in ("files", "draft_files"):
+                if field in body:
+                    prefix = "files/" if field == "files" else "draft/"
+                    body[field] = {rel: refs[prefix + rel] for rel in body[field]}
             try:
                 _render(client.stream("/api/create", body), bars)
             except CLIError:
@@ -195,29 +202,34 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _prepare_uploads(http: httpx.Client, uploads: dict[str, Path], cache: DigestCache,
-                     bars: Progress) -> tuple[dict[str, str], dict[str, tuple[str, Path]]]:
-    """What `/api/create` names each file by: a digest the server has (uploaded here, hashed
-    first, unless the cache knows it), or `upload:<id>` for a safetensors file the server reads
-    as it streams in (sent by `StreamedUploads` while the create runs). Servers without upload
-    sessions (Ollama, older ferry) get everything the first way."""
+def _start_streams(http: httpx.Client, uploads: dict[str, Path], cache: DigestCache,
+                   bars: Progress
+                   ) -> tuple[dict[str, str], dict[str, tuple[str, Path]], dict[str, Path]]:
+    """What `/api/create` names each file by, as far as known before any byte is sent: a
+    digest the server has (the cache knows the file), or `upload:<id>` for a safetensors file
+    the server reads as it streams in (sent by `StreamedUploads` while the create runs). The
+    rest (metadata, a draft's files; everything, for servers without upload sessions: Ollama,
+    older ferry) come back apart, to be hashed and uploaded as blobs while the weights stream."""
     refs: dict[str, str] = {}
     streams: dict[str, tuple[str, Path]] = {}
+    blobs: dict[str, Path] = {}
     sessions = True
-    for key, path in sorted(uploads.items(), key=lambda kv: _streamable(kv[0])):
-        if _streamable(key) and sessions:
-            known = cache.get(path)
-            if known is not None and _server_has(http, known):
-                bars.add_task(f"using existing {path.name}", total=1, completed=1)
-                refs[key] = str(known)
-                continue
-            upload_id = _start_session(http, path.stat().st_size)
-            if upload_id is not None:
-                refs[key], streams[upload_id] = f"upload:{upload_id}", (key, path)
-                continue
-            sessions = False
-        refs[key] = str(_hash_and_upload(http, path, cache, bars))
-    return refs, streams
+    for key, path in sorted(uploads.items()):
+        if not (_streamable(key) and sessions):
+            blobs[key] = path
+            continue
+        known = cache.get(path)
+        if known is not None and _server_has(http, known):
+            bars.add_task(f"using existing {path.name}", total=1, completed=1)
+            refs[key] = str(known)
+            continue
+        upload_id = _start_session(http, path.stat().st_size)
+        if upload_id is not None:
+            refs[key], streams[upload_id] = f"upload:{upload_id}", (key, path)
+            continue
+        sessions = False
+        blobs[key] = path
+    return refs, streams, blobs
 
 
 def _streamable(key: str) -> bool:

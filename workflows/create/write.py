@@ -18,7 +18,12 @@ data in header order). For a layer named N (the tensor name, e.g.
   quantized tensors disagree, metadata is per tensor: `<key>.quant_type`, `<key>.group_size`.
 
 Memory: an unquantized tensor is streamed in 4 MiB chunks; a quantized one is read, quantized,
-serialized and released before the next, so the peak is about one tensor, not the model.
+serialized and released once written, so the peak is a few tensors, not the model.
+
+Speed: MLX quantizes on one core per thread, so tensors are quantized by QUANT_WORKERS threads
+(shared by every create in the process, each with its own MLX stream) while the create's thread
+waits for the next tensor's bytes; at most QUANT_WORKERS tensors of one create (and
+QUANT_AHEAD_BYTES of their sources) are in hand at once, and blobs are still submitted in order.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from __future__ import annotations
 import json
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,7 +48,10 @@ from workflows.create.inventory import TensorInfo
 from workflows.create.plan import BlobPlan, ModelPlan, TensorPlan
 
 CHUNK_BYTES = 4 * 1024 * 1024
-_MLX_LOCK = threading.Lock()
+QUANT_WORKERS = 2
+QUANT_AHEAD_BYTES = 96 * 1024 * 1024
+_POOL_LOCK = threading.Lock()
+_quant_pool: ThreadPoolExecutor | None = None
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -93,20 +102,48 @@ def write_plan(plan: ModelPlan, store: Store, progress: Progress, cancel: Cancel
     futures: dict[int, Future[tuple[Path, Digest, int]]] = {}
     total, done = plan.total_bytes, 0
     sources = LazySources()
+    ahead: deque[tuple[int, int, Future[Iterator[bytes | memoryview]]]] = deque()
+
+    def submit_oldest() -> None:  # in order; its progress once it is handed to the writer
+        nonlocal done
+        i, nbytes, job = ahead.popleft()
+        futures[i] = batch.submit(job.result())
+        blob = plan.blobs[i]
+        done += nbytes
+        verb = "quantizing" if any(t.quant for t in blob.tensors) else "copying"
+        progress({"status": f"{verb} {blob.name}", "total": total, "completed": done})
+
     with BlobBatch(store) as batch:
-        for i in order:
-            blob = plan.blobs[i]
-            check_cancel(cancel)
-            if arrivals is not None:
-                for source in (s for t in blob.tensors for s in t.sources):
-                    arrivals.wait(source.file, source.start + source.nbytes)
-            futures[i] = batch.submit(tensor_blob_chunks(blob, sources))
-            done += sum(t.source_bytes for t in blob.tensors)
-            verb = "quantizing" if any(t.quant for t in blob.tensors) else "copying"
-            progress({"status": f"{verb} {blob.name}", "total": total, "completed": done})
+        try:
+            for i in order:
+                blob = plan.blobs[i]
+                check_cancel(cancel)
+                if arrivals is not None:
+                    for source in (s for t in blob.tensors for s in t.sources):
+                        arrivals.wait(source.file, source.start + source.nbytes)
+                nbytes = sum(t.source_bytes for t in blob.tensors)
+                while ahead and (len(ahead) >= QUANT_WORKERS
+                                 or sum(n for _, n, _ in ahead) + nbytes > QUANT_AHEAD_BYTES):
+                    submit_oldest()
+                ahead.append((i, nbytes, quant_pool().submit(tensor_blob_chunks, blob, sources)))
+            while ahead:
+                submit_oldest()
+        finally:  # on an error or a cancel: nothing of this create left running
+            for _, _, job in ahead:
+                job.cancel()
+            wait([job for _, _, job in ahead])
         layers = [(blob.name, futures[i].result()) for i, blob in enumerate(plan.blobs)]
     return [Descriptor(mt.TENSOR, digest, size, name=name)
             for name, (_, digest, size) in layers]
+
+
+def quant_pool() -> ThreadPoolExecutor:
+    """The process's quantizing threads (made once: MLX keeps a stream per thread for good)."""
+    global _quant_pool
+    with _POOL_LOCK:
+        if _quant_pool is None:
+            _quant_pool = ThreadPoolExecutor(QUANT_WORKERS, thread_name_prefix="ferry-quantize")
+        return _quant_pool
 
 
 def _arrival_key(blob: BlobPlan, arrivals: Arrivals) -> tuple[int, int]:
@@ -174,16 +211,20 @@ def _plain_part(tensor: TensorPlan) -> Part:
 
 
 class LazySources:
-    """`mx.load` of each shard once, lazily: a tensor's bytes are read only when it is used,
-    and popped afterwards, so nothing is held beyond the tensor in hand."""
+    """`mx.load` of each shard once per quantizing thread, lazily: a tensor's bytes are read
+    only when it is used, and popped afterwards, so nothing is held beyond the tensors in hand.
+    Per thread, because a lazy array is read on the stream of the thread that loaded it."""
 
     def __init__(self) -> None:
-        self._files: dict[Path, dict[str, Any]] = {}
+        self._local = threading.local()
 
     def take(self, info: TensorInfo) -> Any:
-        if info.file not in self._files:
-            self._files[info.file] = load_mlx().load(str(info.file))
-        return self._files[info.file].pop(info.name)
+        files: dict[Path, dict[str, Any]] | None = getattr(self._local, "files", None)
+        if files is None:
+            files = self._local.files = {}
+        if info.file not in files:
+            files[info.file] = load_mlx().load(str(info.file))
+        return files[info.file].pop(info.name)
 
 
 def load_tensor(tensor: TensorPlan, sources: LazySources) -> Any:
@@ -195,14 +236,13 @@ def load_tensor(tensor: TensorPlan, sources: LazySources) -> Any:
 def _quantized_parts(tensor: TensorPlan, sources: LazySources) -> list[Part]:
     """Quantize one tensor and copy its parts to host memory; MLX's buffers are released."""
     qtype: QuantType = tensor.quant  # type: ignore[assignment]
-    with _MLX_LOCK:  # one MLX job at a time, however many creates run
-        quantized = quantize(load_tensor(tensor, sources), qtype)
-        keys = {"weight": tensor.name, "scale": f"{tensor.name}.scale",
-                "bias": f"{tensor.name}.bias"}
-        parts = [_array_part(keys[part], quantized[part])
-                 for part in ("weight", "scale", "bias") if part in quantized]
-        del quantized
-        load_mlx().clear_cache()  # else the buffer cache grows toward the model's size
+    quantized = quantize(load_tensor(tensor, sources), qtype)
+    keys = {"weight": tensor.name, "scale": f"{tensor.name}.scale",
+            "bias": f"{tensor.name}.bias"}
+    parts = [_array_part(keys[part], quantized[part])
+             for part in ("weight", "scale", "bias") if part in quantized]
+    del quantized
+    load_mlx().clear_cache()  # else the buffer cache grows toward the model's size
     return parts
 
 
