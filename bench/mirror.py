@@ -21,7 +21,8 @@ that quotient as `cpu d/c`: the ratio a CPU-bound run can reach, whatever the sc
 proxy's floor is what it must do per byte: receive it, sha256 it, write it to its cache and send
 it on. On 2 cores (2026-12, per 512 MiB, measured alone): sha256 0.30 CPU-s, recv 0.09, send on
 loopback 0.11-0.13, a write into fresh page cache 0.10, so about 0.6 s; the proxy costs 0.85-0.95
-(perf: the rest is Python per 1 MiB piece, ~0.15, and page faults of new receive buffers, ~0.05).
+(perf: the rest is Python per 1 MiB piece, ~0.15, and page faults of new receive buffers, ~0.05),
+or 1.2-1.5 in spells when new page cache is dear (its writer threads then double, see below).
 A direct pull costs 1.0-1.1 CPU-s (client 0.8, upstream 0.25) in 0.65 s wall, both cores nearly
 busy, so on such a machine cold/direct <= 1.1 / (1.1 + 0.6) ~ 0.65 even at the proxy's floor:
 0.8x needs a proxy under 0.3 CPU-s, less than its sha256 alone. The 0.8x target is for a machine
