@@ -281,7 +281,8 @@ class BlobFetch:
             sub.queue.put_nowait(item)
             return
         try:
-            await asyncio.wait_for(sub.queue.put(item), SUBSCRIBER_STALL)
+            async with asyncio.timeout(SUBSCRIBER_STALL):  # no task per wait (as wait_for
+                await sub.queue.put(item)  # makes on 3.11): a slow client fills it every piece
         except TimeoutError:
             log.warning("dropping a request for %s that stopped reading", self.digest)
             sub.error = RegistryError("UPSTREAM_FAILED", "the client stopped reading")
