@@ -142,11 +142,16 @@ class FilesystemStore:
         self, key: str, chunks: AsyncIterable[bytes | memoryview],
         observe: Callable[[bytes | memoryview], object] | None = None,
     ) -> int:
+        """Double-buffered: while a worker hashes (`observe`) and writes one batch, the loop
+        receives the next, so a fast upload costs the slower of the two, not their sum (and the
+        request's socket keeps being read). One batch at a time, so writes stay in order."""
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        loop = asyncio.get_running_loop()
         written = flushed = 0
         flushing: Future[None] | None = None
+        writing: asyncio.Future[int] | None = None
         pending: list[bytes | memoryview] = []
         pending_size = 0
         try:
@@ -154,13 +159,19 @@ class FilesystemStore:
                 pending.append(chunk)
                 pending_size += len(chunk)
                 if pending_size >= PIECE:
-                    written += await self._offload(_write_all, fd, pending, observe)
+                    if writing is not None:
+                        written += await writing
+                        writing = None
+                    writing = loop.run_in_executor(self._pool(), _write_all, fd, pending,
+                                                   observe)
                     pending, pending_size = [], 0
                     if written - flushed >= FLUSH_EVERY and (flushing is None or flushing.done()):
                         flushing = self._pool().submit(os.fdatasync, fd)
                         flushed = written
         finally:
             # Whatever arrived before a failure is kept, so the session can resume from it.
+            if writing is not None:
+                written += await asyncio.shield(writing)
             if pending_size > INLINE_WRITE:
                 written += await asyncio.shield(self._offload(_write_all, fd, pending, observe))
             elif pending:  # a log line or a tiny last chunk: cheaper than a thread hop
