@@ -23,7 +23,10 @@ from registry.service.storage.base import STAGING_MARKER, KeyNotFound, Stat, is_
 
 PIECE = 1024 * 1024  # bytes per read or write handed to a worker thread
 INLINE_READ = 256 * 1024  # objects up to this size are read on the loop in one call
-INLINE_WRITE = 64 * 1024  # a last piece up to this size is written on the loop
+INLINE_WRITE = 64 * 1024
+# An append keeps taking the stream while a worker writes the previous batch, up to this much
+# (then it waits): the request's reader never stops, so its pieces never pile up unread.
+PENDING_MAX = 8 * 1024 * 1024  # a last piece up to this size is written on the loop
 # A long append pushes its bytes to disk as it goes (fdatasync on a worker, never awaited), so
 # the fsync in `commit()` finds little left to write, and a reader's own fsync (a client of the
 # pull-through cache, on the same disk) does not queue behind a whole blob of dirty pages.
@@ -158,16 +161,17 @@ class FilesystemStore:
             async for chunk in chunks:
                 pending.append(chunk)
                 pending_size += len(chunk)
-                if pending_size >= PIECE:
-                    if writing is not None:
-                        written += await writing
-                        writing = None
-                    writing = loop.run_in_executor(self._pool(), _write_all, fd, pending,
-                                                   observe)
-                    pending, pending_size = [], 0
-                    if written - flushed >= FLUSH_EVERY and (flushing is None or flushing.done()):
-                        flushing = self._pool().submit(os.fdatasync, fd)
-                        flushed = written
+                if pending_size < PIECE or (
+                        writing is not None and not writing.done() and pending_size < PENDING_MAX):
+                    continue  # keep receiving while the worker is busy
+                if writing is not None:
+                    written += await writing
+                    writing = None
+                writing = loop.run_in_executor(self._pool(), _write_all, fd, pending, observe)
+                pending, pending_size = [], 0
+                if written - flushed >= FLUSH_EVERY and (flushing is None or flushing.done()):
+                    flushing = self._pool().submit(os.fdatasync, fd)
+                    flushed = written
         finally:
             # Whatever arrived before a failure is kept, so the session can resume from it.
             if writing is not None:
