@@ -62,7 +62,7 @@ async def push(model: str, store: Store, options: TransferOptions, report: Progr
 async def _put_manifest(client: RegistryClient, name: Name, raw: bytes, media_type: str) -> None:
     reply = await client.request("PUT", client.url(f"manifests/{name.tag}"), content=raw,
                                  headers={"Content-Type": media_type}, ok=(200, 201))
-    await reply.aclose()
+    await reply.release()
 
 
 def local_mounts(store: Store, name: Name) -> dict[Digest, str]:
@@ -144,7 +144,7 @@ class BlobPush:
     async def _exists(self) -> bool:
         url = self.client.url(f"blobs/{self.desc.digest}")
         reply = await self.client.request("HEAD", url, ok=(200, 404))
-        await reply.aclose()
+        await reply.release()
         return reply.status == 200
 
     async def _whole(self) -> None:
@@ -161,7 +161,7 @@ class BlobPush:
         url = self.client.url("blobs/uploads/").copy_merge_params({"digest": str(self.desc.digest)})
         reply = await self.client.request("POST", url, ok=(201, 202), content=data,
                                           headers={"Content-Type": "application/octet-stream"})
-        await reply.aclose()
+        await reply.release()
         if reply.status == 202:
             await self._finish(_location(reply), data)
 
@@ -180,7 +180,7 @@ class BlobPush:
             params = {"mount": str(self.desc.digest), "from": source}
         url = self.client.url("blobs/uploads/").copy_merge_params(params)
         reply = await self.client.request("POST", url, ok=(201, 202))
-        await reply.aclose()
+        await reply.release()
         if reply.status == 201 and source is not None:
             return None
         return _location(reply)
@@ -212,14 +212,14 @@ class BlobPush:
         reply = await self.client.request(
             "PATCH", location, headers=headers, ok=(202, 204),
             content=lambda: self._read(start, stop))
-        await reply.aclose()
+        await reply.release()
         reached = _range_end(reply.response.headers.get("range"))
         return (stop if reached is None else reached), _location(reply, location)
 
     async def _session_offset(self, location: httpx.URL) -> tuple[int, httpx.URL]:
         """Ask the registry how many bytes the session holds (after a failed chunk)."""
         reply = await self.client.request("GET", location, ok=(200, 204))
-        await reply.aclose()
+        await reply.release()
         reached = _range_end(reply.response.headers.get("range"))
         return (reached or 0), _location(reply, location)
 
@@ -242,7 +242,7 @@ class BlobPush:
         reply = await self.client.request("PUT", url, ok=(201, 204, 200), content=data or None,
                                           headers={"Content-Type": "application/octet-stream",
                                                    "Content-Length": str(len(data))})
-        await reply.aclose()
+        await reply.release()
 
 
 def _location(reply: Reply, fallback: httpx.URL | None = None) -> httpx.URL:
