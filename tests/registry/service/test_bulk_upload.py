@@ -129,3 +129,49 @@ async def test_filesystem_append_keeps_every_piece_in_order(tmp_path: Path) -> N
     assert total == len(whole)
     assert (tmp_path / "store" / "s" / "data").read_bytes() == whole
     assert hasher.digest().hex == hashlib.sha256(whole).hexdigest()
+
+
+async def test_a_cancelled_append_closes_its_file_after_the_write_in_flight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel that interrupts the append's wait for its last batch leaves the file open for
+    the worker still writing it, and closes it once that write ends (never under it)."""
+    import threading
+
+    from registry.service.storage import filesystem
+
+    started, release = threading.Event(), threading.Event()
+    real = filesystem._write_all
+
+    def slow(fd, pieces, observe):  # type: ignore[no-untyped-def]
+        started.set()
+        release.wait(10)
+        return real(fd, pieces, observe)
+
+    monkeypatch.setattr(filesystem, "_write_all", slow)
+    piece = os.urandom(filesystem.PIECE)
+
+    async def stream():
+        yield piece
+        await asyncio.sleep(60)  # the client goes quiet
+
+    fs = FilesystemStore(tmp_path / "store")
+    open_before = len(os.listdir("/proc/self/fd"))
+    try:
+        task = asyncio.ensure_future(fs.append("s/data", stream()))
+        await asyncio.to_thread(started.wait, 10)
+        task.cancel()  # ends the stream: the append now waits for the batch in flight
+        await asyncio.sleep(0.05)
+        task.cancel()  # and this interrupts that wait
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(os.listdir("/proc/self/fd")) > open_before  # the write still holds it
+        release.set()
+        for _ in range(200):
+            if len(os.listdir("/proc/self/fd")) <= open_before:
+                break
+            await asyncio.sleep(0.01)
+        assert len(os.listdir("/proc/self/fd")) <= open_before
+        assert (tmp_path / "store" / "s" / "data").read_bytes() == piece
+    finally:
+        release.set()
+        fs.close()
