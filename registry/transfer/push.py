@@ -96,7 +96,8 @@ def mount_source(name: Name, desc: Descriptor, mounts: dict[Digest, str]) -> str
 
 
 class BlobPush:
-    """One blob: skip, mount, or upload in chunks that survive a failed PATCH."""
+    """One blob: skip, mount, or upload (whole when small, else in chunks that survive a
+    failed PATCH)."""
 
     def __init__(self, client: RegistryClient, store: Store, desc: Descriptor,
                  streams: asyncio.Semaphore, report: Progress,
