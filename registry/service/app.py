@@ -11,6 +11,7 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 
 from registry.errors import FerryError
 from registry.manifests import MAX_MANIFEST_BYTES
@@ -48,6 +49,25 @@ class BulkHttpProtocol(HeaderLimitedProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         transport.set_write_buffer_limits(high=2 * 1024 * 1024, low=512 * 1024)
+
+    def on_body(self, body: bytes) -> None:
+        """Hand a request body piece to the app as the very bytes object httptools made.
+
+        uvicorn appends every piece to a bytearray and `receive()` copies that into new bytes:
+        two copies of every uploaded byte on the event loop, into fresh memory. When the app
+        has taken everything before (the usual case for a blob upload, whose reader keeps up),
+        the piece itself becomes the pending body, and `receive()`'s `bytes(...)` of a bytes
+        object is that object: no copy. Pieces that pile up are still joined, as before.
+        """
+        cycle = self.cycle
+        if self._refused or cycle is None or len(cycle.body) or cycle.response_complete or (
+                self.parser.should_upgrade() and self._should_upgrade()):
+            super().on_body(body)
+            return
+        cycle.body = body  # type: ignore[assignment]  # receive() takes bytes(...) of it
+        if len(body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.message_event.set()
 
 
 def build_registry_app(

@@ -145,8 +145,7 @@ async def upload_start(request: Request, repo: str, _: str) -> Response:
                                                             mount_source(request, repo, None)):
             return _created(repo, digest)  # already here: nothing to send (x/transfer's probe)
         if _has_body(request) or digest == Digest.of(b""):
-            upload_id = await reg.uploads.start(repo)
-            await reg.uploads.finish(repo, upload_id, digest, request.stream())
+            await reg.uploads.monolithic(repo, digest, request.stream())
             return _created(repo, digest)
     upload_id = await reg.uploads.start(repo)
     return Response(status_code=202, headers=_session_headers(repo, upload_id, 0))

@@ -195,6 +195,37 @@ class Uploads:
             await self.blobs.link(repo, digest)
             await self._drop(repo, upload_id)
 
+    async def monolithic(self, repo: str, digest: Digest, body: AsyncIterable[bytes]) -> None:
+        """A whole blob in one request (`POST ?digest=` with a body): no session objects at
+        all, the bytes go straight to a staged key beside the blob, hashed as they are written,
+        and are published only if they match `digest` (else DIGEST_INVALID, nothing kept).
+        Nothing here is resumable, so nothing is kept for a resume: a failure removes the
+        staged key (and a crash leaves only it, which gc sweeps)."""
+        staged = paths.staging(paths.blob(digest), uuid.uuid4().hex)
+        hasher = Hasher()
+        try:
+            try:
+                await self.store.append(staged, self._within_limit(_nonempty(body), 0),
+                                        observe=hasher.update)
+            except _BlobTooLarge:
+                raise RegistryError("BLOB_TOO_LARGE", f"blob exceeds the limit of "
+                                    f"{self.max_blob_bytes} bytes",
+                                    detail={"limit": self.max_blob_bytes}) from None
+            actual = hasher.digest()
+            if actual != digest:
+                raise RegistryError(
+                    "DIGEST_INVALID",
+                    f'digest mismatch, expected "{digest}", got "{actual}"',
+                    detail={"expected": str(digest), "actual": str(actual)},
+                )
+            if hasher.size == 0 and await self.store.stat(staged) is None:
+                await self.store.put(staged, b"")  # no chunk created it: an empty blob
+            await self.store.commit(paths.blob(digest), staged)
+        except BaseException:
+            await asyncio.shield(self.store.delete(staged))
+            raise
+        await self.blobs.link(repo, digest)
+
     # -- housekeeping --------------------------------------------------------------------------
 
     async def purge_stale(self, now: float | None = None) -> list[str]:

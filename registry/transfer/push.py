@@ -1,10 +1,14 @@
 """Push: every blob the registry lacks (mounted when possible, else chunked), manifest last.
 
 Per blob: `HEAD` (present: done); a cross-repository mount when the layer names its source
-(`from`) or another local model of the same registry uses it (201: done); else an upload
-session, `PATCH`ed in chunks with `Content-Range`. After a failed chunk the client asks the
-registry how far the session got (`GET` on the upload URL) and continues from there, instead of
-starting over. `PUT ?digest=` closes the session, and the manifest goes up last, byte-exact.
+(`from`) or another local model of the same registry uses it (201: done); else an upload.
+A small blob (up to `small_blob_max`) goes up whole in one request, `POST ?digest=` with its
+bytes (a registry that answers 202 instead gets them by `PUT ?digest=` on the session it
+opened): a model's many small blobs then cost two requests each, not four, and a failure
+simply sends the blob again. A bigger one gets an upload session, `PATCH`ed in chunks with
+`Content-Range`. After a failed chunk the client asks the registry how far the session got
+(`GET` on the upload URL) and continues from there, instead of starting over. `PUT ?digest=`
+closes the session, and the manifest goes up last, byte-exact.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import aiofiles
 import httpx
 
+from registry.digests import Digest
 from registry.errors import InvalidName, NotFound
 from registry.manifests import Descriptor, parse_manifest
 from registry.names import Name
@@ -45,7 +50,9 @@ async def push(model: str, store: Store, options: TransferOptions, report: Progr
     blobs = list({d.digest: d for d in manifest.references()}.values())
     async with RegistryClient(name, base, options) as client:
         streams = asyncio.Semaphore(options.max_streams)
-        await run_all(BlobPush(client, store, desc, streams, report).run() for desc in blobs)
+        mounts = await asyncio.to_thread(local_mounts, store, name)
+        await run_all(BlobPush(client, store, desc, streams, report, mounts).run()
+                      for desc in blobs)
         report(progress("pushing manifest"))
         await options.retry.run("pushing manifest", lambda _n: _put_manifest(
             client, name, raw, manifest.media_type))
@@ -55,11 +62,29 @@ async def push(model: str, store: Store, options: TransferOptions, report: Progr
 async def _put_manifest(client: RegistryClient, name: Name, raw: bytes, media_type: str) -> None:
     reply = await client.request("PUT", client.url(f"manifests/{name.tag}"), content=raw,
                                  headers={"Content-Type": media_type}, ok=(200, 201))
-    await reply.aclose()
+    await reply.release()
 
 
-def mount_source(store: Store, name: Name, desc: Descriptor) -> str | None:
-    """A repository on the same registry that should already hold this blob, if we know one."""
+def local_mounts(store: Store, name: Name) -> dict[Digest, str]:
+    """Blob digest -> another repository on `name`'s registry whose local model uses it (the
+    first such model listed), read once per push rather than once per blob."""
+    found: dict[Digest, str] = {}
+    for entry in store.list_models():
+        if entry.name.host.lower() != name.host.lower() or \
+                entry.name.repository.lower() == name.repository.lower():
+            continue
+        try:
+            digests = entry.manifest().blob_digests()
+        except ValueError:
+            continue
+        for digest in digests:
+            found.setdefault(digest, entry.name.repository)
+    return found
+
+
+def mount_source(name: Name, desc: Descriptor, mounts: dict[Digest, str]) -> str | None:
+    """A repository on the same registry that should already hold this blob, if we know one:
+    the layer's own `from`, else a local model's (`local_mounts`)."""
     if desc.from_:
         try:
             source = Name.parse_valid(desc.from_)
@@ -67,24 +92,18 @@ def mount_source(store: Store, name: Name, desc: Descriptor) -> str | None:
             source = None
         if source is not None and source.host.lower() == name.host.lower():
             return source.repository
-    for entry in store.list_models():
-        if entry.name.host.lower() != name.host.lower() or \
-                entry.name.repository.lower() == name.repository.lower():
-            continue
-        try:
-            if desc.digest in entry.manifest().blob_digests():
-                return entry.name.repository
-        except ValueError:
-            continue
-    return None
+    return mounts.get(desc.digest)
 
 
 class BlobPush:
-    """One blob: skip, mount, or upload in chunks that survive a failed PATCH."""
+    """One blob: skip, mount, or upload (whole when small, else in chunks that survive a
+    failed PATCH)."""
 
     def __init__(self, client: RegistryClient, store: Store, desc: Descriptor,
-                 streams: asyncio.Semaphore, report: Progress) -> None:
+                 streams: asyncio.Semaphore, report: Progress,
+                 mounts: dict[Digest, str] | None = None) -> None:
         self.client = client
+        self.mounts = mounts or {}
         self.store = store
         self.desc = desc
         self.streams = streams
@@ -109,6 +128,9 @@ class BlobPush:
         async with self.streams:
             if await retry.run(self.status, lambda _n: self._exists()):
                 return self._done()
+            if self.desc.size <= self.client.options.small_blob_max:
+                await retry.run(self.status, lambda _n: self._whole())
+                return self._done()
             location = await retry.run(self.status, lambda _n: self._start())
             if location is None:
                 return self._done()
@@ -123,18 +145,43 @@ class BlobPush:
     async def _exists(self) -> bool:
         url = self.client.url(f"blobs/{self.desc.digest}")
         reply = await self.client.request("HEAD", url, ok=(200, 404))
-        await reply.aclose()
+        await reply.release()
         return reply.status == 200
+
+    async def _whole(self) -> None:
+        """A small blob in one request (after a mount, when one is possible): `POST ?digest=`
+        with the bytes; a registry that opens a session instead (202) gets them by `PUT`."""
+        source = mount_source(self.client.name, self.desc, self.mounts)
+        if source is not None:
+            location = await self._start()
+            if location is None:
+                return
+            data = await self._read_whole()
+            return await self._finish(location, data)
+        data = await self._read_whole()
+        url = self.client.url("blobs/uploads/").copy_merge_params({"digest": str(self.desc.digest)})
+        reply = await self.client.request("POST", url, ok=(201, 202), content=data,
+                                          headers={"Content-Type": "application/octet-stream"})
+        await reply.release()
+        if reply.status == 202:
+            await self._finish(_location(reply), data)
+
+    async def _read_whole(self) -> bytes:
+        data = await asyncio.to_thread(self.path.read_bytes)
+        if len(data) != self.desc.size:
+            raise UpstreamError(0, f"blob {self.desc.digest} has {len(data)} bytes in the store, "
+                                   f"the manifest says {self.desc.size}")
+        return data
 
     async def _start(self) -> httpx.URL | None:
         """Open an upload session (or mount); None when the blob is already in place."""
         params: dict[str, str] = {}
-        source = await asyncio.to_thread(mount_source, self.store, self.client.name, self.desc)
+        source = mount_source(self.client.name, self.desc, self.mounts)
         if source is not None:
             params = {"mount": str(self.desc.digest), "from": source}
         url = self.client.url("blobs/uploads/").copy_merge_params(params)
         reply = await self.client.request("POST", url, ok=(201, 202))
-        await reply.aclose()
+        await reply.release()
         if reply.status == 201 and source is not None:
             return None
         return _location(reply)
@@ -166,14 +213,14 @@ class BlobPush:
         reply = await self.client.request(
             "PATCH", location, headers=headers, ok=(202, 204),
             content=lambda: self._read(start, stop))
-        await reply.aclose()
+        await reply.release()
         reached = _range_end(reply.response.headers.get("range"))
         return (stop if reached is None else reached), _location(reply, location)
 
     async def _session_offset(self, location: httpx.URL) -> tuple[int, httpx.URL]:
         """Ask the registry how many bytes the session holds (after a failed chunk)."""
         reply = await self.client.request("GET", location, ok=(200, 204))
-        await reply.aclose()
+        await reply.release()
         reached = _range_end(reply.response.headers.get("range"))
         return (reached or 0), _location(reply, location)
 
@@ -190,12 +237,13 @@ class BlobPush:
                 self.sent = position  # sent, not yet acknowledged: a failed chunk rewinds it
                 self._progress()
 
-    async def _finish(self, location: httpx.URL) -> None:
+    async def _finish(self, location: httpx.URL, data: bytes = b"") -> None:
+        """Close the session with `PUT ?digest=`, sending `data` as its last (or only) bytes."""
         url = location.copy_merge_params({"digest": str(self.desc.digest)})
-        reply = await self.client.request("PUT", url, ok=(201, 204, 200),
+        reply = await self.client.request("PUT", url, ok=(201, 204, 200), content=data or None,
                                           headers={"Content-Type": "application/octet-stream",
-                                                   "Content-Length": "0"})
-        await reply.aclose()
+                                                   "Content-Length": str(len(data))})
+        await reply.release()
 
 
 def _location(reply: Reply, fallback: httpx.URL | None = None) -> httpx.URL:

@@ -31,6 +31,7 @@ _READ_BYTES = 256 * 1024
 if getattr(_http11.AsyncHTTP11Connection, "READ_NUM_BYTES", _READ_BYTES) < _READ_BYTES:
     _http11.AsyncHTTP11Connection.READ_NUM_BYTES = _READ_BYTES
 USER_AGENT = "ferry/0.1 (transfer)"
+RELEASE_BYTES = 16 * 1024  # a reply body up to this size is read off so its connection is kept
 
 Body = bytes | Callable[[], AsyncIterator[bytes]] | None
 # A piece of a body: bytes from httpx, or a view of a buffer of its own from the lean path.
@@ -50,6 +51,25 @@ class Reply:
 
     async def aclose(self) -> None:
         await self.response.aclose()
+
+    async def release(self) -> None:
+        """Close a reply whose body the caller does not want, reading it first when it is
+        known to be tiny (a HEAD, a 204, `Content-Length` up to RELEASE_BYTES) so that the
+        connection goes back to the pool: httpcore closes a connection whose response was not
+        read to its end, and a new one per request cost a push of many small blobs a connect
+        (and the registry a connection) for each of its requests."""
+        response = self.response
+        length = response.headers.get("content-length", "")
+        small = (response.request.method == "HEAD" or response.status_code in (204, 304)
+                 or (length.isdigit() and int(length) <= RELEASE_BYTES))
+        try:
+            if small and "transfer-encoding" not in response.headers:
+                async for _chunk in response.aiter_raw():
+                    pass
+        except httpx.HTTPError:
+            pass  # the connection is dropped on close, as it would have been
+        finally:
+            await response.aclose()
 
     async def pieces(self) -> AsyncIterator[Piece]:
         """The raw body (no decoding) in pieces: straight from the socket in large buffers where

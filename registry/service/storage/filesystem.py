@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +25,11 @@ from registry.service.storage.base import STAGING_MARKER, KeyNotFound, Stat, is_
 PIECE = 1024 * 1024  # bytes per read or write handed to a worker thread
 INLINE_READ = 256 * 1024  # objects up to this size are read on the loop in one call
 INLINE_WRITE = 64 * 1024  # a last piece up to this size is written on the loop
+# An append keeps taking the stream while a worker writes the previous batch, up to this much
+# (then it waits): the request's reader never stops, so its pieces never pile up unread in the
+# server (where they were joined by copying). With the batch in flight, an upload holds at most
+# about twice this in memory, only while the disk is slower than the network.
+PENDING_MAX = 8 * 1024 * 1024
 # A long append pushes its bytes to disk as it goes (fdatasync on a worker, never awaited), so
 # the fsync in `commit()` finds little left to write, and a reader's own fsync (a client of the
 # pull-through cache, on the same disk) does not queue behind a whole blob of dirty pages.
@@ -142,33 +148,48 @@ class FilesystemStore:
         self, key: str, chunks: AsyncIterable[bytes | memoryview],
         observe: Callable[[bytes | memoryview], object] | None = None,
     ) -> int:
+        """Double-buffered: while a worker hashes (`observe`) and writes one batch, the loop
+        receives the next, so a fast upload costs the slower of the two, not their sum (and the
+        request's socket keeps being read). One batch at a time, so writes stay in order."""
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        loop = asyncio.get_running_loop()
         written = flushed = 0
         flushing: Future[None] | None = None
+        writing: asyncio.Future[int] | None = None
         pending: list[bytes | memoryview] = []
         pending_size = 0
         try:
             async for chunk in chunks:
                 pending.append(chunk)
                 pending_size += len(chunk)
-                if pending_size >= PIECE:
-                    written += await self._offload(_write_all, fd, pending, observe)
-                    pending, pending_size = [], 0
-                    if written - flushed >= FLUSH_EVERY and (flushing is None or flushing.done()):
-                        flushing = self._pool().submit(os.fdatasync, fd)
-                        flushed = written
+                if pending_size < PIECE or (
+                        writing is not None and not writing.done() and pending_size < PENDING_MAX):
+                    continue  # keep receiving while the worker is busy
+                if writing is not None:
+                    written += await writing
+                    writing = None
+                writing = loop.run_in_executor(self._pool(), _write_all, fd, pending, observe)
+                pending, pending_size = [], 0
+                if written - flushed >= FLUSH_EVERY and (flushing is None or flushing.done()):
+                    flushing = self._pool().submit(os.fdatasync, fd)
+                    flushed = written
         finally:
             # Whatever arrived before a failure is kept, so the session can resume from it.
-            if pending_size > INLINE_WRITE:
-                written += await asyncio.shield(self._offload(_write_all, fd, pending, observe))
-            elif pending:  # a log line or a tiny last chunk: cheaper than a thread hop
-                written += _write_all(fd, pending, observe)
-            if flushing is None or flushing.done():
-                os.close(fd)
-            else:  # the flush still uses fd: closed when it ends (its error, if any, is
-                flushing.add_done_callback(lambda _f: os.close(fd))  # commit()'s fsync's)
+            last: asyncio.Future[int] | None = None
+            try:
+                if writing is not None:
+                    written += await asyncio.shield(writing)
+                if pending_size > INLINE_WRITE:
+                    last = loop.run_in_executor(self._pool(), _write_all, fd, pending, observe)
+                    written += await asyncio.shield(last)
+                elif pending:  # a log line or a tiny last chunk: cheaper than a thread hop
+                    written += _write_all(fd, pending, observe)
+            finally:
+                # A write or flush still running (a cancel interrupted the waits above) uses
+                # fd: it is closed when they end (a flush's error, if any, is commit()'s fsync's).
+                _close_when_done(fd, [f for f in (writing, last, flushing) if f is not None])
         return written
 
     async def commit(self, key: str, staged: str) -> None:
@@ -227,6 +248,26 @@ def _cached_pread(fd: int, size: int, position: int) -> memoryview | None:
 
 
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+
+
+def _close_when_done(fd: int, futures: list[Future[None] | asyncio.Future[int]]) -> None:
+    """Close `fd` now, or once the last of `futures` (writes, flushes that use it) is done."""
+    running = [f for f in futures if not f.done()]
+    if not running:
+        os.close(fd)
+        return
+    left = [len(running)]
+    lock = threading.Lock()
+
+    def one_done(_future: object) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            os.close(fd)
+
+    for future in running:
+        future.add_done_callback(one_done)  # type: ignore[arg-type]
 
 
 def _write_all(fd: int, pieces: list[bytes | memoryview],

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from conftest import serve_app
 
-from registry.service.app import build_registry_app
+from registry.service.app import BulkHttpProtocol, build_registry_app
 
 
 def sha(data: bytes) -> str:
@@ -25,7 +25,8 @@ def registry_root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def registry_url(registry_root: Path) -> Iterator[str]:
-    with serve_app(build_registry_app(registry_root)) as url:
+    """The registry app under the protocol `ferry registry serve` runs it with."""
+    with serve_app(build_registry_app(registry_root), http=BulkHttpProtocol) as url:
         yield url
 
 

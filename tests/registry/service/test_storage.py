@@ -256,7 +256,9 @@ async def test_filesystem_append_flushes_as_it_goes_and_closes_its_file_after(
     piece = os.urandom(filesystem.PIECE)
     open_before = len(os.listdir("/proc/self/fd"))
     try:
-        assert await fs.append("s/data", chunks(*[piece] * 5)) == 5 * len(piece)
+        # more than PENDING_MAX: batches are handed on at least that often, whatever the timing
+        count = 2 * filesystem.PENDING_MAX // filesystem.PIECE + 4
+        assert await fs.append("s/data", chunks(*[piece] * count)) == count * len(piece)
         assert flushed and flushed[0] >= 2 * len(piece)
         assert len(os.listdir("/proc/self/fd")) > open_before  # the flush still holds it
         release.set()
@@ -265,7 +267,7 @@ async def test_filesystem_append_flushes_as_it_goes_and_closes_its_file_after(
                 break
             await asyncio.sleep(0.01)
         assert len(os.listdir("/proc/self/fd")) <= open_before
-        assert await read_all(fs, "s/data") == piece * 5
+        assert await read_all(fs, "s/data") == piece * count
     finally:
         release.set()
         fs.close()

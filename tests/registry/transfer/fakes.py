@@ -131,6 +131,11 @@ class RequestLog:
     def count(self, method: str, fragment: str = "") -> int:
         return sum(1 for m, path, _q in self.requests if m == method and fragment in path)
 
+    def uploads(self) -> int:
+        """Requests that carried blob bytes: a session's PATCHes and whole-blob POSTs."""
+        return self.count("PATCH") + sum(
+            1 for m, _p, q in self.requests if m == "POST" and "digest=" in q and "mount=" not in q)
+
 
 class FailEverySecondPatch:
     """Every second PATCH: forward its first half to the registry, then answer 500."""

@@ -57,10 +57,11 @@ async def test_push_mounts_blobs_the_registry_has_in_another_repository(
         options = fast_options(tmp_path / "p", insecure=True)
         await push(f"{host}/ns/first:v1", source, options, lambda e: None)
         source.copy_model(Name.parse(f"{host}/ns/first:v1"), Name.parse(f"{host}/ns/second:v1"))
-        patches = log.count("PATCH")
+        uploads = log.uploads()
+        assert log.count("PATCH") and uploads > log.count("PATCH")  # chunked and whole blobs
         await push(f"{host}/ns/second:v1", source, options, lambda e: None)
         mounts = [q for m, _p, q in log.requests if m == "POST" and "mount=" in q]
-        assert log.count("PATCH") == patches  # no byte uploaded again
+        assert log.uploads() == uploads  # no byte uploaded again
         assert len(mounts) == 3 and all("from=ns%2Ffirst" in q for q in mounts)
         # Pushing again finds every blob with HEAD and starts no upload at all.
         posts = log.count("POST")
@@ -162,8 +163,64 @@ async def test_push_mounts_layers_that_name_their_source_with_from(
         third = f"{host}/ns/third:v1"
         assert manifest.config is not None
         target.write_manifest(Name.parse(third), build_manifest(manifest.config, layers))
-        patches = log.count("PATCH")
+        uploads = log.uploads()
         await push(third, target, fast_options(tmp_path / "q", insecure=True), lambda e: None)
     mounts = [q for m, _p, q in log.requests if m == "POST" and "mount=" in q]
     assert len(mounts) == 1 and "from=ns%2Ffirst" in mounts[0]  # the layer; the config uploads
-    assert log.count("PATCH") == patches + 1  # only the config (no `from`) was uploaded
+    assert log.uploads() == uploads + 1  # only the config (no `from`) was uploaded
+
+
+async def test_small_blobs_go_up_whole_over_kept_connections(
+        tmp_path: Path, source: Store, target: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each small blob is one HEAD and one POST with its bytes (no session, no PATCH), on
+    connections that go back to the pool: a few connects for the whole push, not one per
+    request; the blobs arrive byte-identical."""
+    from registry.transfer.plain_socket import SocketBackend
+
+    connects = 0
+    real = SocketBackend.connect_tcp
+
+    async def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal connects
+        connects += 1
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SocketBackend, "connect_tcp", counted)
+    log = RequestLog(build_registry_app(tmp_path / "registry"))
+    with serve_app(log) as url:
+        name = f"{url.removeprefix('http://')}/ns/small:v1"
+        raw = make_model(source, name, [KiB * (i + 1) for i in range(8)] + [0])
+        options = fast_options(tmp_path / "p", insecure=True, max_streams=2)
+        await push(name, source, options, lambda e: None)
+        pushed = connects
+        await pull(name, target, fast_options(tmp_path / "c", insecure=True), lambda e: None)
+    blobs = parse_manifest(raw).references()
+    assert log.count("PATCH") == 0 and log.uploads() == len(blobs)
+    assert pushed <= 3  # two streams, and a spare for the manifest at most
+    for desc in blobs:
+        assert target.read_blob(desc.digest) == source.read_blob(desc.digest)
+
+
+async def test_a_whole_blob_refused_with_202_is_sent_again_by_put(
+        tmp_path: Path, source: Store, target: Store) -> None:
+    """A registry that does not take a whole blob in a POST opens a session (202): the client
+    sends the bytes again with `PUT ?digest=` on it."""
+    from starlette.types import Receive, Scope, Send
+
+    app = build_registry_app(tmp_path / "registry")
+
+    async def no_monolithic_post(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            query = scope.get("query_string", b"").decode()
+            scope = {**scope, "query_string": "&".join(
+                p for p in query.split("&") if not p.startswith("digest=")).encode()}
+        await app(scope, receive, send)
+
+    log = RequestLog(no_monolithic_post)
+    with serve_app(log) as url:
+        name = f"{url.removeprefix('http://')}/ns/old:v1"
+        raw = make_model(source, name, [3 * KiB])
+        await push(name, source, fast_options(tmp_path / "p", insecure=True), lambda e: None)
+        await pull(name, target, fast_options(tmp_path / "c", insecure=True), lambda e: None)
+    assert log.count("PUT", "/blobs/uploads/") == len(parse_manifest(raw).references())
+    assert target.read_manifest(Name.parse(name)) == raw
