@@ -2,10 +2,12 @@
 
 Per blob: `HEAD` (present: done); a cross-repository mount when the layer names its source
 (`from`) or another local model of the same registry uses it (201: done); else an upload.
-A small blob (up to `small_blob_max`) goes up whole in one request, `POST ?digest=` with its
-bytes (a registry that answers 202 instead gets them by `PUT ?digest=` on the session it
-opened): a model's many small blobs then cost two requests each, not four, and a failure
-simply sends the blob again. A bigger one gets an upload session, `PATCH`ed in chunks with
+A small blob (up to `small_blob_max`) with no mount source goes up whole in one request,
+`POST ?digest=` with its bytes (the OCI spec's optional single-POST push): a model's many small
+blobs then cost two requests each, not four, and a failure simply sends the blob again. A
+registry without single-POST pushes opens a session instead (202: the bytes follow as below,
+as with every other registry) or refuses a POST with a body (400/405/413/415: the blob takes
+the usual path). Everything else gets an upload session, `PATCH`ed in chunks with
 `Content-Range`. After a failed chunk the client asks the registry how far the session got
 (`GET` on the upload URL) and continues from there, instead of starting over. `PUT ?digest=`
 closes the session, and the manifest goes up last, byte-exact.
@@ -29,10 +31,13 @@ from registry.manifests import Descriptor, parse_manifest
 from registry.names import Name
 from registry.store import Store
 from registry.transfer.client import RegistryClient, TransferOptions, parse_target
-from registry.transfer.errors import UpstreamError
+from registry.transfer.errors import TransientStatus, UpstreamError
 from registry.transfer.progress import progress
 from registry.transfer.session import Reply
 from registry.transfer.tasks import run_all
+
+# How a registry without single-POST pushes may refuse a POST that carries a blob's bytes.
+_NO_SINGLE_POST = (400, 405, 413, 415)
 
 Progress = Callable[[dict[str, Any]], None]
 _READ = 1024 * 1024
@@ -128,10 +133,10 @@ class BlobPush:
         async with self.streams:
             if await retry.run(self.status, lambda _n: self._exists()):
                 return self._done()
-            if self.desc.size <= self.client.options.small_blob_max:
-                await retry.run(self.status, lambda _n: self._whole())
-                return self._done()
-            location = await retry.run(self.status, lambda _n: self._start())
+            whole = self.desc.size <= self.client.options.small_blob_max and \
+                mount_source(self.client.name, self.desc, self.mounts) is None
+            location = await retry.run(self.status, lambda _n: self._whole() if whole
+                                       else self._start())
             if location is None:
                 return self._done()
             location = await self._upload(location)
@@ -148,23 +153,22 @@ class BlobPush:
         await reply.release()
         return reply.status == 200
 
-    async def _whole(self) -> None:
-        """A small blob in one request (after a mount, when one is possible): `POST ?digest=`
-        with the bytes; a registry that opens a session instead (202) gets them by `PUT`."""
-        source = mount_source(self.client.name, self.desc, self.mounts)
-        if source is not None:
-            location = await self._start()
-            if location is None:
-                return
-            data = await self._read_whole()
-            return await self._finish(location, data)
+    async def _whole(self) -> httpx.URL | None:
+        """A small blob in one request, `POST ?digest=` with its bytes: None once stored (201).
+        A registry without single-POST pushes gets the usual flow: its session (202), or a
+        bodyless POST when it refuses one with a body."""
         data = await self._read_whole()
         url = self.client.url("blobs/uploads/").copy_merge_params({"digest": str(self.desc.digest)})
-        reply = await self.client.request("POST", url, ok=(201, 202), content=data,
-                                          headers={"Content-Type": "application/octet-stream"})
+        try:
+            reply = await self.client.request(
+                "POST", url, ok=(201, 202), content=data,
+                headers={"Content-Type": "application/octet-stream"})
+        except UpstreamError as exc:
+            if isinstance(exc, TransientStatus) or exc.status not in _NO_SINGLE_POST:
+                raise
+            return await self._start()
         await reply.release()
-        if reply.status == 202:
-            await self._finish(_location(reply), data)
+        return None if reply.status == 201 else _location(reply)
 
     async def _read_whole(self) -> bytes:
         data = await asyncio.to_thread(self.path.read_bytes)
@@ -237,12 +241,11 @@ class BlobPush:
                 self.sent = position  # sent, not yet acknowledged: a failed chunk rewinds it
                 self._progress()
 
-    async def _finish(self, location: httpx.URL, data: bytes = b"") -> None:
-        """Close the session with `PUT ?digest=`, sending `data` as its last (or only) bytes."""
+    async def _finish(self, location: httpx.URL) -> None:
         url = location.copy_merge_params({"digest": str(self.desc.digest)})
-        reply = await self.client.request("PUT", url, ok=(201, 204, 200), content=data or None,
+        reply = await self.client.request("PUT", url, ok=(201, 204, 200),
                                           headers={"Content-Type": "application/octet-stream",
-                                                   "Content-Length": str(len(data))})
+                                                   "Content-Length": "0"})
         await reply.release()
 
 

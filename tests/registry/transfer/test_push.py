@@ -201,10 +201,10 @@ async def test_small_blobs_go_up_whole_over_kept_connections(
         assert target.read_blob(desc.digest) == source.read_blob(desc.digest)
 
 
-async def test_a_whole_blob_refused_with_202_is_sent_again_by_put(
+async def test_a_whole_blob_answered_with_202_takes_the_session_flow(
         tmp_path: Path, source: Store, target: Store) -> None:
     """A registry that does not take a whole blob in a POST opens a session (202): the client
-    sends the bytes again with `PUT ?digest=` on it."""
+    sends the bytes on it as to any registry, PATCH then `PUT ?digest=`."""
     from starlette.types import Receive, Scope, Send
 
     app = build_registry_app(tmp_path / "registry")
@@ -222,5 +222,37 @@ async def test_a_whole_blob_refused_with_202_is_sent_again_by_put(
         raw = make_model(source, name, [3 * KiB])
         await push(name, source, fast_options(tmp_path / "p", insecure=True), lambda e: None)
         await pull(name, target, fast_options(tmp_path / "c", insecure=True), lambda e: None)
-    assert log.count("PUT", "/blobs/uploads/") == len(parse_manifest(raw).references())
+    blobs = len(parse_manifest(raw).references())
+    assert log.count("PATCH") == blobs and log.count("PUT", "/blobs/uploads/") == blobs
     assert target.read_manifest(Name.parse(name)) == raw
+
+
+@pytest.mark.parametrize("status", [400, 405, 415])
+async def test_a_registry_refusing_a_post_with_a_body_gets_the_session_flow(
+        tmp_path: Path, source: Store, target: Store, status: int) -> None:
+    """A registry that refuses a POST carrying bytes (no single-POST pushes) is asked again
+    without them, and the blob goes up through a session; the model arrives whole."""
+    from starlette.responses import JSONResponse
+    from starlette.types import Receive, Scope, Send
+
+    app = build_registry_app(tmp_path / "registry")
+
+    async def refuse_bodies(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope.get("headers") or [])
+        if scope["type"] == "http" and scope["method"] == "POST" and \
+                headers.get(b"content-length", b"0") != b"0":
+            body = {"errors": [{"code": "UNSUPPORTED", "message": "no single POST"}]}
+            await JSONResponse(body, status_code=status)(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    log = RequestLog(refuse_bodies)
+    with serve_app(log) as url:
+        name = f"{url.removeprefix('http://')}/ns/strict:v1"
+        raw = make_model(source, name, [3 * KiB, 5 * KiB])
+        await push(name, source, fast_options(tmp_path / "p", insecure=True), lambda e: None)
+        await pull(name, target, fast_options(tmp_path / "c", insecure=True), lambda e: None)
+    blobs = parse_manifest(raw).references()
+    assert log.count("PATCH") == len(blobs)
+    for desc in blobs:
+        assert target.read_blob(desc.digest) == source.read_blob(desc.digest)
