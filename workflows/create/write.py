@@ -24,6 +24,7 @@ Speed: MLX quantizes on one core per thread, so tensors are quantized by QUANT_W
 (shared by every create in the process, each with its own MLX stream) while the create's thread
 waits for the next tensor's bytes; at most QUANT_WORKERS tensors of one create (and
 QUANT_AHEAD_BYTES of their sources) are in hand at once, and blobs are still submitted in order.
+A tensor of SPLIT_BYTES or more is quantized in two halves at once (see `_quantized_parts`).
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ from workflows.create.plan import BlobPlan, ModelPlan, TensorPlan
 CHUNK_BYTES = 4 * 1024 * 1024
 QUANT_WORKERS = 2
 QUANT_AHEAD_BYTES = 96 * 1024 * 1024
+SPLIT_BYTES = 32 * 1024 * 1024
 _POOL_LOCK = threading.Lock()
 _quant_pool: ThreadPoolExecutor | None = None
+_split_pool: ThreadPoolExecutor | None = None
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -67,7 +70,8 @@ class Arrivals(Protocol):
     def rank(self, path: Path) -> int: ...
 
 
-Part = tuple[str, str, tuple[int, ...], Any]  # (key, dtype tag, shape, bytes-like or chunks)
+# (key, dtype tag, shape, bytes-like, a tuple of them in order, or chunks)
+Part = tuple[str, str, tuple[int, ...], Any]
 
 
 def check_cancel(cancel: CancelSignal) -> None:
@@ -164,7 +168,7 @@ def tensor_blob_chunks(blob: BlobPlan, sources: LazySources) -> Iterator[bytes |
     def chunks() -> Iterator[bytes | memoryview]:
         yield header
         for _key, _dtype, _shape, data in parts:
-            yield from data if isinstance(data, Chunks) else (data,)
+            yield from data if isinstance(data, Chunks | tuple) else (data,)
 
     return chunks()
 
@@ -203,6 +207,8 @@ class Chunks:
 
 
 def _size(data: Any) -> int:
+    if isinstance(data, tuple):  # a part quantized in halves
+        return sum(memoryview(piece).nbytes for piece in data)
     return data.nbytes if isinstance(data, Chunks) else memoryview(data).nbytes
 
 
@@ -234,16 +240,62 @@ def load_tensor(tensor: TensorPlan, sources: LazySources) -> Any:
 
 
 def _quantized_parts(tensor: TensorPlan, sources: LazySources) -> list[Part]:
-    """Quantize one tensor and copy its parts to host memory; MLX's buffers are released."""
+    """Quantize one tensor and copy its parts to host memory; MLX's buffers are released.
+
+    A tensor of SPLIT_BYTES or more (an embedding, an output head) is quantized in two halves
+    at once, the second on a thread of its own: such a tensor often comes last in a
+    checkpoint, where one thread quantizing it alone was the create's whole tail. Groups lie
+    along the last axis, so halves split along the first quantize exactly as the whole, and
+    each part's bytes are the first half's followed by the second's (row-major), as written.
+    """
     qtype: QuantType = tensor.quant  # type: ignore[assignment]
-    quantized = quantize(load_tensor(tensor, sources), qtype)
+    weight = load_tensor(tensor, sources)
     keys = {"weight": tensor.name, "scale": f"{tensor.name}.scale",
             "bias": f"{tensor.name}.bias"}
-    parts = [_array_part(keys[part], quantized[part])
-             for part in ("weight", "scale", "bias") if part in quantized]
-    del quantized
+    halves = _split_rows(weight)
+    if halves is None:
+        quantized = quantize(weight, qtype)
+        parts = [_array_part(keys[part], quantized[part])
+                 for part in ("weight", "scale", "bias") if part in quantized]
+    else:
+        second = split_pool().submit(quantize, halves[1], qtype)
+        try:
+            first = quantize(halves[0], qtype)
+        finally:
+            rest = second.result()  # never leave the helper reading a half this frame drops
+        parts = [_joined_part(keys[part], first[part], rest[part])
+                 for part in ("weight", "scale", "bias") if part in first]
+        del first, rest, second
+    del weight, halves
     load_mlx().clear_cache()  # else the buffer cache grows toward the model's size
     return parts
+
+
+def _split_rows(weight: Any) -> tuple[Any, Any] | None:
+    """The tensor's two halves along its first axis, evaluated here (an array is computed on
+    the stream of the thread that made it); None when it is small or has a single row."""
+    if weight.nbytes < SPLIT_BYTES or weight.ndim < 2 or weight.shape[0] < 2:
+        return None
+    half = weight.shape[0] // 2
+    first, second = weight[:half], weight[half:]
+    load_mlx().eval(first, second)  # views of rows, no copy; usable on any thread once evaluated
+    return first, second
+
+
+def split_pool() -> ThreadPoolExecutor:
+    """The thread that quantizes second halves (made once, like `quant_pool`)."""
+    global _split_pool
+    with _POOL_LOCK:
+        if _split_pool is None:
+            _split_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-quantize-split")
+        return _split_pool
+
+
+def _joined_part(key: str, first: Any, second: Any) -> Part:
+    """One part from two halves: the bytes of both, in order (never copied into one)."""
+    a, b = _array_part(key, first), _array_part(key, second)
+    shape = (a[2][0] + b[2][0], *a[2][1:])
+    return (key, a[1], shape, (a[3], b[3]))
 
 
 def _array_part(key: str, array: Any) -> Part:

@@ -83,3 +83,29 @@ def test_an_error_while_quantizing_waits_for_the_jobs_in_hand(make_checkpoint, t
     with pytest.raises(CreateCancelled):
         write.write_plan(plan, store, lambda e: cancel.set(), cancel)
     assert not list(store.blobs_dir.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("qtype", ["int4", "int8", "nvfp4", "mxfp4", "mxfp8"])
+def test_large_tensors_quantized_in_halves_equal_the_whole(make_checkpoint, tmp_path,
+                                                            monkeypatch, qtype):
+    """With the split threshold below every tensor's size, each quantized tensor is done in
+    two halves on two threads (the second on the split thread, seen running); the blobs are
+    byte for byte those of whole-tensor quantizing."""
+    plan = plan_model(take_inventory(make_checkpoint("llama")), parse_quant_type(qtype))
+    whole = write.write_plan(plan, Store(tmp_path / "whole"), lambda e: None, threading.Event())
+
+    seen: set[str] = set()
+    real = write.quantize
+
+    def traced(weight, qt):
+        seen.add(threading.current_thread().name.split("_")[0])
+        return real(weight, qt)
+
+    monkeypatch.setattr(write, "quantize", traced)
+    monkeypatch.setattr(write, "SPLIT_BYTES", 1)
+    store = Store(tmp_path / "halves")
+    halves = write.write_plan(plan, store, lambda e: None, threading.Event())
+    assert "ferry-quantize-split" in seen
+    assert halves == whole
+    for layer in halves:
+        assert store.read_blob(layer.digest) == Store(tmp_path / "whole").read_blob(layer.digest)
