@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,3 +90,17 @@ def s3_store(endpoint: str, bucket: str | None = None):
         bucket = f"ferry-registry-{uuid.uuid4().hex[:12]}"
         client.create_bucket(Bucket=bucket)
     return S3Store(client, bucket, prefix="registry")
+
+
+def open_fds() -> int:
+    """How many file descriptors this process holds (Linux)."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def wait_open_fds_at_most(limit: int) -> None:
+    """Wait (2 s at most) until a background write or flush lets go of its file, then check."""
+    for _ in range(200):
+        if open_fds() <= limit:
+            break
+        await asyncio.sleep(0.01)
+    assert open_fds() <= limit

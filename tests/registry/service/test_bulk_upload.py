@@ -19,7 +19,7 @@ from registry.digests import Hasher
 from registry.service.app import BulkHttpProtocol, build_registry_app
 from registry.service.storage.filesystem import FilesystemStore
 
-from .conftest import sha
+from .conftest import open_fds, sha, wait_open_fds_at_most
 
 REPO = "library/bulk"
 MiB = 1024 * 1024
@@ -155,7 +155,7 @@ async def test_a_cancelled_append_closes_its_file_after_the_write_in_flight(
         await asyncio.sleep(60)  # the client goes quiet
 
     fs = FilesystemStore(tmp_path / "store")
-    open_before = len(os.listdir("/proc/self/fd"))
+    open_before = open_fds()
     try:
         task = asyncio.ensure_future(fs.append("s/data", stream()))
         await asyncio.to_thread(started.wait, 10)
@@ -164,13 +164,9 @@ async def test_a_cancelled_append_closes_its_file_after_the_write_in_flight(
         task.cancel()  # and this interrupts that wait
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert len(os.listdir("/proc/self/fd")) > open_before  # the write still holds it
+        assert open_fds() > open_before  # the write still holds it
         release.set()
-        for _ in range(200):
-            if len(os.listdir("/proc/self/fd")) <= open_before:
-                break
-            await asyncio.sleep(0.01)
-        assert len(os.listdir("/proc/self/fd")) <= open_before
+        await wait_open_fds_at_most(open_before)
         assert (tmp_path / "store" / "s" / "data").read_bytes() == piece
     finally:
         release.set()

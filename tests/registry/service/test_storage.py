@@ -10,7 +10,7 @@ import pytest
 
 from registry.service.storage import BlobStore, FilesystemStore, KeyNotFound
 
-from .conftest import s3_store
+from .conftest import open_fds, s3_store, wait_open_fds_at_most
 
 
 @pytest.fixture(params=["filesystem", "s3"])
@@ -254,19 +254,15 @@ async def test_filesystem_append_flushes_as_it_goes_and_closes_its_file_after(
     monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
     fs = FilesystemStore(tmp_path / "store")
     piece = os.urandom(filesystem.PIECE)
-    open_before = len(os.listdir("/proc/self/fd"))
+    open_before = open_fds()
     try:
         # more than PENDING_MAX: batches are handed on at least that often, whatever the timing
         count = 2 * filesystem.PENDING_MAX // filesystem.PIECE + 4
         assert await fs.append("s/data", chunks(*[piece] * count)) == count * len(piece)
         assert flushed and flushed[0] >= 2 * len(piece)
-        assert len(os.listdir("/proc/self/fd")) > open_before  # the flush still holds it
+        assert open_fds() > open_before  # the flush still holds it
         release.set()
-        for _ in range(200):
-            if len(os.listdir("/proc/self/fd")) <= open_before:
-                break
-            await asyncio.sleep(0.01)
-        assert len(os.listdir("/proc/self/fd")) <= open_before
+        await wait_open_fds_at_most(open_before)
         assert await read_all(fs, "s/data") == piece * count
     finally:
         release.set()
