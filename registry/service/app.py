@@ -35,6 +35,18 @@ log = logging.getLogger("ferry.registry")
 PURGE_INTERVAL = 3600.0
 
 
+def _cycle_has(*names: str) -> bool:
+    """Whether uvicorn's request cycle still keeps its pending body the way `on_body` below
+    relies on (a bytearray `body` and a `message_event`); else the stock path is used."""
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    init = RequestResponseCycle.__init__.__code__
+    return all(name in init.co_names for name in names)
+
+
+_KNOWN_CYCLE = _cycle_has("body", "message_event", "more_body")
+
+
 class BulkHttpProtocol(HeaderLimitedProtocol):
     """uvicorn's httptools protocol with deeper write buffers (and capped request heads).
 
@@ -60,8 +72,9 @@ class BulkHttpProtocol(HeaderLimitedProtocol):
         object is that object: no copy. Pieces that pile up are still joined, as before.
         """
         cycle = self.cycle
-        if self._refused or cycle is None or len(cycle.body) or cycle.response_complete or (
-                self.parser.should_upgrade() and self._should_upgrade()):
+        if self._refused or cycle is None or not _KNOWN_CYCLE or len(cycle.body) or \
+                cycle.response_complete or (self.parser.should_upgrade()
+                                            and self._should_upgrade()):
             super().on_body(body)
             return
         cycle.body = body  # type: ignore[assignment]  # receive() takes bytes(...) of it

@@ -171,3 +171,13 @@ async def test_a_cancelled_append_closes_its_file_after_the_write_in_flight(
     finally:
         release.set()
         fs.close()
+
+
+def test_the_installed_uvicorn_keeps_request_bodies_as_the_fast_path_expects() -> None:
+    """BulkHttpProtocol hands body pieces over uncopied only while uvicorn's request cycle
+    keeps its pending body as it did when that was written; on a uvicorn that changed it, the
+    stock path runs (correct, slower) and this test says so, instead of the speed going quietly."""
+    from registry.service import app
+
+    assert app._KNOWN_CYCLE
+    assert not app._cycle_has("no_such_attribute_in_the_cycle")
