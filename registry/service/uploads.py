@@ -134,13 +134,15 @@ class Uploads:
         except _BlobTooLarge:
             # it can never become a valid blob: drop the session and its bytes, keep nothing
             await self._drop(repo, upload_id)
-            raise RegistryError("BLOB_TOO_LARGE", f"blob exceeds the limit of "
-                                f"{self.max_blob_bytes} bytes",
-                                detail={"limit": self.max_blob_bytes}) from None
+            raise self._too_large() from None
         finally:
             stat = await self.store.stat(paths.upload_data(repo, upload_id))
             if stat is None or stat.size != hasher.size:
                 self._hashers.pop(upload_id, None)  # rebuilt from storage next time
+
+    def _too_large(self) -> RegistryError:
+        return RegistryError("BLOB_TOO_LARGE", f"blob exceeds the limit of "
+                             f"{self.max_blob_bytes} bytes", detail={"limit": self.max_blob_bytes})
 
     async def _within_limit(self, body: AsyncIterable[bytes], offset: int
                             ) -> AsyncIterator[bytes]:
@@ -181,11 +183,7 @@ class Uploads:
             actual = (await self._hasher(repo, upload_id, offset)).digest()
             if actual != digest:
                 await self._drop(repo, upload_id)
-                raise RegistryError(
-                    "DIGEST_INVALID",
-                    f'digest mismatch, expected "{digest}", got "{actual}"',
-                    detail={"expected": str(digest), "actual": str(actual)},
-                )
+                raise _digest_mismatch(digest, actual)
             if offset == 0 and await self.store.stat(paths.upload_data(repo, upload_id)) is None:
                 # An empty blob: no chunk ever created the staged object, so publish an empty one.
                 await self.store.put(paths.upload_data(repo, upload_id), b"")
@@ -208,16 +206,10 @@ class Uploads:
                 await self.store.append(staged, self._within_limit(_nonempty(body), 0),
                                         observe=hasher.update)
             except _BlobTooLarge:
-                raise RegistryError("BLOB_TOO_LARGE", f"blob exceeds the limit of "
-                                    f"{self.max_blob_bytes} bytes",
-                                    detail={"limit": self.max_blob_bytes}) from None
+                raise self._too_large() from None
             actual = hasher.digest()
             if actual != digest:
-                raise RegistryError(
-                    "DIGEST_INVALID",
-                    f'digest mismatch, expected "{digest}", got "{actual}"',
-                    detail={"expected": str(digest), "actual": str(actual)},
-                )
+                raise _digest_mismatch(digest, actual)
             if hasher.size == 0 and await self.store.stat(staged) is None:
                 await self.store.put(staged, b"")  # no chunk created it: an empty blob
             await self.store.commit(paths.blob(digest), staged)
@@ -259,3 +251,9 @@ async def _nonempty(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
     async for chunk in body:
         if chunk:
             yield chunk
+
+
+def _digest_mismatch(expected: Digest, actual: Digest) -> RegistryError:
+    return RegistryError("DIGEST_INVALID",
+                         f'digest mismatch, expected "{expected}", got "{actual}"',
+                         detail={"expected": str(expected), "actual": str(actual)})

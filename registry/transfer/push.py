@@ -31,7 +31,7 @@ from registry.manifests import Descriptor, parse_manifest
 from registry.names import Name
 from registry.store import Store
 from registry.transfer.client import RegistryClient, TransferOptions, parse_target
-from registry.transfer.errors import TransientStatus, UpstreamError
+from registry.transfer.errors import TransferError, TransientStatus, UpstreamError
 from registry.transfer.progress import progress
 from registry.transfer.session import Reply
 from registry.transfer.tasks import run_all
@@ -173,8 +173,9 @@ class BlobPush:
     async def _read_whole(self) -> bytes:
         data = await asyncio.to_thread(self.path.read_bytes)
         if len(data) != self.desc.size:
-            raise UpstreamError(0, f"blob {self.desc.digest} has {len(data)} bytes in the store, "
-                                   f"the manifest says {self.desc.size}")
+            raise TransferError(f"the local copy of blob {self.desc.digest} has {len(data)} "
+                                f"bytes, its manifest says {self.desc.size}: pull or create "
+                                "the model again before pushing it")
         return data
 
     async def _start(self) -> httpx.URL | None:

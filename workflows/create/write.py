@@ -53,8 +53,9 @@ QUANT_WORKERS = 2
 QUANT_AHEAD_BYTES = 96 * 1024 * 1024
 SPLIT_BYTES = 32 * 1024 * 1024
 _POOL_LOCK = threading.Lock()
-_quant_pool: ThreadPoolExecutor | None = None
-_split_pool: ThreadPoolExecutor | None = None
+# The process's quantizing threads by name, made once each: MLX keeps a stream per thread for
+# good, so a pool per create would leak threads.
+_pools: dict[str, ThreadPoolExecutor] = {}
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -142,12 +143,20 @@ def write_plan(plan: ModelPlan, store: Store, progress: Progress, cancel: Cancel
 
 
 def quant_pool() -> ThreadPoolExecutor:
-    """The process's quantizing threads (made once: MLX keeps a stream per thread for good)."""
-    global _quant_pool
+    """The threads that quantize whole tensors (and first halves)."""
+    return _pool("ferry-quantize", QUANT_WORKERS)
+
+
+def split_pool() -> ThreadPoolExecutor:
+    """The thread that quantizes second halves."""
+    return _pool("ferry-quantize-split", 1)
+
+
+def _pool(name: str, workers: int) -> ThreadPoolExecutor:
     with _POOL_LOCK:
-        if _quant_pool is None:
-            _quant_pool = ThreadPoolExecutor(QUANT_WORKERS, thread_name_prefix="ferry-quantize")
-        return _quant_pool
+        if name not in _pools:
+            _pools[name] = ThreadPoolExecutor(workers, thread_name_prefix=name)
+        return _pools[name]
 
 
 def _arrival_key(blob: BlobPlan, arrivals: Arrivals) -> tuple[int, int]:
@@ -280,15 +289,6 @@ def _split_rows(weight: Any) -> tuple[Any, Any] | None:
     first, second = weight[:half], weight[half:]
     load_mlx().eval(first, second)  # views of rows, no copy; usable on any thread once evaluated
     return first, second
-
-
-def split_pool() -> ThreadPoolExecutor:
-    """The thread that quantizes second halves (made once, like `quant_pool`)."""
-    global _split_pool
-    with _POOL_LOCK:
-        if _split_pool is None:
-            _split_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-quantize-split")
-        return _split_pool
 
 
 def _joined_part(key: str, first: Any, second: Any) -> Part:

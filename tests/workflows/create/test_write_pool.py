@@ -19,14 +19,14 @@ def test_two_tensors_quantize_at_once_and_the_result_is_the_sequential_one(
     plan = plan_model(take_inventory(make_checkpoint("llama")), parse_quant_type("int4"))
     sequential_store = Store(tmp_path / "one")
     monkeypatch.setattr(write, "QUANT_WORKERS", 1)  # one tensor in hand at a time
-    monkeypatch.setattr(write, "_quant_pool", None)  # and a pool of that size
+    monkeypatch.setattr(write, "_pools", {})  # and a pool of that size
     sequential = write.write_plan(plan, sequential_store, lambda e: None, threading.Event())
 
     # The first two blobs meet at a barrier: it breaks (and the create fails) unless both are
     # being prepared at the same time. The first is then held back until the second is done,
     # so the second finishes first, yet the blobs go to the writer in plan order.
     monkeypatch.setattr(write, "QUANT_WORKERS", 2)
-    monkeypatch.setattr(write, "_quant_pool", None)
+    monkeypatch.setattr(write, "_pools", {})
     met = threading.Barrier(2, timeout=30)
     second_done = threading.Event()
     real = write.tensor_blob_chunks
