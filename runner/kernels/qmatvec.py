@@ -3,9 +3,8 @@ for affine quantized weights, and a bf16 matrix product that widens each weight 
 
 MLX's CPU `quantized_matmul` runs at a fraction of a GFLOP/s, and expanding weights to float32
 for BLAS costs 8x an int4 model's size in memory. This kernel reads the packed weights as they
-are and runs at the speed of reading them. It is built once per source, compiler flags and CPU
-into `runner/kernels/_build/` (or a private temp dir when the checkout is read-only) with
-`cc -O3 -march=native`; without a compiler `available()` is False and the runner uses
+are and runs at the speed of reading them. `build.library` compiles it once per source, flags and
+CPU (`cc -O3 -march=native`); without a compiler `available()` is False and the runner uses
 another compute path. The bf16 product exists for the same reason: decode reads every weight once
 per token, and a float32 copy for BLAS reads (and holds) twice the bytes of the stored bf16.
 """
@@ -14,24 +13,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from runner.kernels import build
+from runner.kernels.build import KernelUnavailable
+
 SOURCE = Path(__file__).with_name("qmatvec.c")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11"]
 BITS = (2, 4, 8)
 _c_int64, _ptr = ctypes.c_int64, ctypes.c_void_p
-
-
-class KernelUnavailable(RuntimeError):
-    """The kernel could not be built or loaded here; the message says why."""
+__all__ = ["KernelUnavailable", "available", "matmul_bf16", "qmatmul", "supports"]
 
 
 def supports(bits: int, group_size: int, mode: str, in_dims: int) -> bool:
@@ -40,51 +32,9 @@ def supports(bits: int, group_size: int, mode: str, in_dims: int) -> bool:
             and in_dims % group_size == 0)
 
 
-def _cpu_key() -> str:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor()
-    return flags
-
-
-def _library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()
-                         + _cpu_key().encode() + platform.machine().encode()).hexdigest()[:16]
-    build = SOURCE.parent / "_build"
-    try:
-        build.mkdir(exist_ok=True)
-        probe = build / f".probe-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError:
-        build = Path(tempfile.mkdtemp(prefix="ferry-kernels-"))  # private, mode 0700
-    return build / f"qmatvec-{key}.so"
-
-
-def _build(target: Path) -> None:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise KernelUnavailable("no C compiler found (install gcc)")
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    result = subprocess.run([compiler, *FLAGS, "-o", str(tmp), str(SOURCE)],
-                            capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise KernelUnavailable(f"building {SOURCE.name} failed: {result.stderr.strip()[:500]}")
-    os.replace(tmp, target)  # concurrent builders each publish a complete file
-
-
 @functools.cache
 def _library() -> ctypes.CDLL:
-    target = _library_path()
-    if not target.is_file():
-        _build(target)
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as exc:
-        raise KernelUnavailable(f"loading {target.name} failed: {exc}") from exc
+    lib = build.library(SOURCE)
     fn = lib.qmatmul_affine
     fn.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _ptr, ctypes.c_int, _c_int64,
                    ctypes.c_int, ctypes.c_int, _ptr]

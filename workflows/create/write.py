@@ -20,8 +20,12 @@ data in header order). For a layer named N (the tensor name, e.g.
 Memory: an unquantized tensor is streamed in 4 MiB chunks; a quantized one is read, quantized,
 serialized and released once written, so the peak is a few tensors, not the model.
 
-Speed: MLX quantizes on one core per thread, so tensors are quantized by QUANT_WORKERS threads
-(shared by every create in the process, each with its own MLX stream) while the create's thread
+Speed: on a CPU device, affine types (int4, int8) are quantized by `runner.kernels.
+affine_quantize` straight from the mapped source bytes: MLX's own CPU quantize divides weight by
+weight in scalar code (0.6 GB/s of bf16 per core), the kernel does the same float arithmetic
+eight lanes at a time (3.4 GB/s), byte-identical. Either quantizes on one core per thread, so
+tensors are quantized by QUANT_WORKERS threads (shared by every create in the process, each
+with its own MLX stream) while the create's thread
 waits for the next tensor's bytes; at most QUANT_WORKERS tensors of one create (and
 QUANT_AHEAD_BYTES of their sources) are in hand at once, and blobs are still submitted in order.
 A tensor of SPLIT_BYTES or more is quantized in two halves at once (see `_quantized_parts`).
@@ -29,7 +33,10 @@ A tensor of SPLIT_BYTES or more is quantized in two halves at once (see `_quanti
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import mmap
 import struct
 import threading
 from collections import deque
@@ -42,6 +49,7 @@ from registry import media_types as mt
 from registry.digests import Digest
 from registry.manifests import Descriptor
 from registry.store import Store
+from runner.kernels import affine_quantize
 from runner.quant import QuantType, load_mlx, quantize
 from workflows.create.blob_batch import BlobBatch
 from workflows.create.errors import CreateCancelled
@@ -257,10 +265,11 @@ def _quantized_parts(tensor: TensorPlan, sources: LazySources) -> list[Part]:
     along the last axis, so halves split along the first quantize exactly as the whole, and
     each part's bytes are the first half's followed by the second's (row-major), as written.
     """
+    if native_quantize(tensor):
+        return _native_parts(tensor)
     qtype: QuantType = tensor.quant  # type: ignore[assignment]
     weight = load_tensor(tensor, sources)
-    keys = {"weight": tensor.name, "scale": f"{tensor.name}.scale",
-            "bias": f"{tensor.name}.bias"}
+    keys = _part_keys(tensor)
     halves = _split_rows(weight)
     if halves is None:
         quantized = quantize(weight, qtype)
@@ -278,6 +287,82 @@ def _quantized_parts(tensor: TensorPlan, sources: LazySources) -> list[Part]:
     del weight, halves
     load_mlx().clear_cache()  # else the buffer cache grows toward the model's size
     return parts
+
+
+def _part_keys(tensor: TensorPlan) -> dict[str, str]:
+    return {"weight": tensor.name, "scale": f"{tensor.name}.scale", "bias": f"{tensor.name}.bias"}
+
+
+def native_quantize(tensor: TensorPlan) -> bool:
+    """Whether `runner.kernels.affine_quantize` (MLX's CPU affine quantize, byte-identical and
+    about 5x faster) quantizes this tensor: affine types on a CPU device, where it builds."""
+    qtype, first = tensor.quant, tensor.sources[0]
+    return (qtype is not None and len(first.shape) >= 2 and first.nbytes > 0
+            and affine_quantize.supports(first.dtype, qtype.bits, qtype.group_size, qtype.mode,
+                                         first.shape[-1])
+            and all(s.dtype == first.dtype and s.shape == first.shape for s in tensor.sources)
+            and _cpu_kernel())
+
+
+@functools.cache
+def _cpu_kernel() -> bool:
+    mx = load_mlx()
+    return mx.default_device().type == mx.DeviceType.cpu and affine_quantize.available()
+
+
+def _native_parts(tensor: TensorPlan) -> list[Part]:
+    """The tensor quantized straight from its mapped source bytes, in blocks of whole rows:
+    one per source (stacked experts), or two halves of a tensor of SPLIT_BYTES or more; every
+    other block runs on the split thread. Each part's bytes are its blocks' in order."""
+    qtype: QuantType = tensor.quant  # type: ignore[assignment]
+    shape = tensor.shape
+    row_bytes = shape[-1] * tensor.sources[0].nbytes // tensor.sources[0].elements
+
+    def run(block: memoryview) -> tuple[Any, ...]:
+        return affine_quantize.quantize(block, tensor.dtype, (block.nbytes // row_bytes,
+                                                              shape[-1]),
+                                        qtype.bits, qtype.group_size)
+
+    with contextlib.ExitStack() as stack:
+        blocks = [stack.enter_context(_mapped(s)) for s in tensor.sources]
+        if len(blocks) == 1 and blocks[0].nbytes >= SPLIT_BYTES and blocks[0].nbytes > row_bytes:
+            half = blocks[0].nbytes // row_bytes // 2 * row_bytes
+            blocks = [stack.enter_context(blocks[0][:half]),
+                      stack.enter_context(blocks[0][half:])]
+        helped = [split_pool().submit(run, block) for block in blocks[1::2]]
+        try:
+            mine = [run(block) for block in blocks[::2]]
+        finally:  # the mappings close on leaving; nothing may still read them
+            wait(helped)
+        results: list[Any] = [None] * len(blocks)
+        results[::2], results[1::2] = mine, [job.result() for job in helped]
+    rows = shape[:-1]
+    out_shapes = {"weight": (*rows, shape[-1] * qtype.bits // 32),
+                  "scale": (*rows, shape[-1] // qtype.group_size)}
+    out_shapes["bias"] = out_shapes["scale"]
+    tags = {"weight": "U32", "scale": tensor.dtype, "bias": tensor.dtype}
+    keys = _part_keys(tensor)
+    parts: list[Part] = []
+    for i, part in enumerate(("weight", "scale", "bias")):
+        pieces = tuple(memoryview(result[i]).cast("B") for result in results)
+        parts.append((keys[part], tags[part], out_shapes[part],
+                      pieces[0] if len(pieces) == 1 else pieces))
+    return parts
+
+
+@contextlib.contextmanager
+def _mapped(info: TensorInfo) -> Iterator[memoryview]:
+    """The source tensor's bytes, mapped read-only: an upload's file is reserved at its full
+    size before it fills and never shrinks (`reserve_temp`), and a blob never changes."""
+    offset = info.start - info.start % mmap.ALLOCATIONGRANULARITY
+    with open(info.file, "rb") as fh:
+        if fh.seek(0, 2) < info.start + info.nbytes:
+            raise OSError(f"{info.file.name}: unexpected end of file")
+        with (mmap.mmap(fh.fileno(), info.start + info.nbytes - offset, access=mmap.ACCESS_READ,
+                        offset=offset) as mapping,
+              memoryview(mapping) as whole,
+              whole[info.start - offset:] as view):
+            yield view
 
 
 def _split_rows(weight: Any) -> tuple[Any, Any] | None:

@@ -95,13 +95,18 @@ def test_large_tensors_quantized_in_halves_equal_the_whole(make_checkpoint, tmp_
     whole = write.write_plan(plan, Store(tmp_path / "whole"), lambda e: None, threading.Event())
 
     seen: set[str] = set()
-    real = write.quantize
+    real, kernel = write.quantize, write.affine_quantize.quantize
 
     def traced(weight, qt):
         seen.add(threading.current_thread().name.split("_")[0])
         return real(weight, qt)
 
+    def traced_kernel(*args):  # int4 and int8 on a CPU device
+        seen.add(threading.current_thread().name.split("_")[0])
+        return kernel(*args)
+
     monkeypatch.setattr(write, "quantize", traced)
+    monkeypatch.setattr(write.affine_quantize, "quantize", traced_kernel)
     monkeypatch.setattr(write, "SPLIT_BYTES", 1)
     store = Store(tmp_path / "halves")
     halves = write.write_plan(plan, store, lambda e: None, threading.Event())

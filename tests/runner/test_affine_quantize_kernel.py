@@ -1,0 +1,86 @@
+"""The C affine quantizer writes exactly what `mx.quantize` writes: packed words, scales and
+biases, bit for bit, for every source dtype, bit width and group size it takes."""
+
+from __future__ import annotations
+
+import platform
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from runner.kernels import affine_quantize, build
+
+pytestmark = pytest.mark.skipif(not affine_quantize.available(),
+                                reason="no C compiler: create uses MLX's quantize")
+
+TAGS = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32"}
+
+
+def _awkward(shape: tuple[int, ...], dtype, seed: int):
+    """Noise, plus rows that hit every branch: zeros, a constant, all negative, all positive,
+    a ramp, huge and tiny magnitudes, a group whose min and max are equally far from zero."""
+    mx.random.seed(seed)
+    w = mx.random.normal(shape) * 0.05
+    flat = w.reshape(-1, shape[-1])
+    rows = flat.shape[0]
+    specials = [mx.zeros(shape[-1]), mx.full(shape[-1], -1.5), -mx.abs(flat[0]),
+                mx.abs(flat[0]) * 1000, mx.arange(shape[-1]) / 7, mx.full(shape[-1], 1e-3),
+                flat[0] * 1e-6, mx.array([1.0, -1.0] * (shape[-1] // 2))]
+    for i, row in enumerate(specials[:rows]):
+        flat[i] = row
+    return flat.reshape(shape).astype(dtype)
+
+
+def _bits_of(array) -> np.ndarray:
+    return np.array(array.view(mx.uint16) if array.dtype in (mx.bfloat16, mx.float16)
+                    else array)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_the_kernel_writes_what_mlx_writes(dtype, bits, group_size):
+    for seed, shape in enumerate([(16, 256), (1, 128), (3, 5, 384), (9, 640)]):
+        w = _awkward(shape, dtype, seed)
+        ref = mx.quantize(w, group_size=group_size, bits=bits)
+        mx.eval(*ref)
+        source = memoryview(_bits_of(w)).cast("B")
+        packed, scales, biases = affine_quantize.quantize(source, TAGS[dtype], shape, bits,
+                                                          group_size)
+        assert packed.shape == tuple(ref[0].shape) and scales.shape == tuple(ref[1].shape)
+        assert np.array_equal(packed, np.array(ref[0])), (shape, "packed")
+        assert np.array_equal(scales, _bits_of(ref[1])), (shape, "scales")
+        assert np.array_equal(biases, _bits_of(ref[2])), (shape, "biases")
+
+
+def test_what_the_kernel_does_not_take_is_refused_by_name():
+    data = memoryview(bytes(2 * 64 * 4))
+    with pytest.raises(ValueError, match="3 bits"):
+        affine_quantize.quantize(data, "F32", (2, 64), 3, 64)
+    with pytest.raises(ValueError, match="group 48"):
+        affine_quantize.quantize(data, "F32", (2, 64), 4, 48)
+    with pytest.raises(ValueError, match="I8"):
+        affine_quantize.quantize(data, "I8", (2, 64), 4, 64)
+    with pytest.raises(ValueError, match="do not hold"):
+        affine_quantize.quantize(data[:100], "F32", (2, 64), 4, 64)
+    assert not affine_quantize.supports("BF16", 4, 64, "nvfp4", 64)
+    assert not affine_quantize.supports("BF16", 4, 64, "affine", 96)
+
+
+def test_the_portable_loops_write_what_mlx_writes_too(monkeypatch):
+    """Built without AVX2 and F16C (as on a CPU that lacks them), the plain C loops run."""
+    flags = ("-O2", "-march=x86-64", "-shared", "-fPIC", "-std=c11")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        flags = ("-O2", "-shared", "-fPIC", "-std=c11")
+    portable = affine_quantize.configured(build.library(affine_quantize.SOURCE, flags))
+    monkeypatch.setattr(affine_quantize, "_library", lambda: portable)
+    for dtype in (mx.bfloat16, mx.float16, mx.float32):
+        for bits in (2, 4, 8):
+            w = _awkward((12, 192), dtype, bits)
+            ref = mx.quantize(w, group_size=64, bits=bits)
+            mx.eval(*ref)
+            got = affine_quantize.quantize(memoryview(_bits_of(w)).cast("B"), TAGS[dtype],
+                                           (12, 192), bits, 64)
+            for mine, theirs in zip(got, ref, strict=True):
+                assert np.array_equal(mine, _bits_of(theirs)), (dtype, bits)
