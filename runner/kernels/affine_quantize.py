@@ -9,17 +9,20 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from runner.kernels import build
 from runner.kernels.build import KernelUnavailable
 
+if TYPE_CHECKING:
+    import numpy as np
+
 SOURCE = Path(__file__).with_name("affine_quantize.c")
 GROUP_SIZES = (32, 64, 128)
 BITS = (2, 4, 8)
-# safetensors dtype tag -> (the kernel's dtype code, numpy dtype of its scales and biases)
-DTYPES = {"F32": (0, np.float32), "BF16": (1, np.uint16), "F16": (2, np.uint16)}
+# safetensors dtype tag -> (the kernel's dtype code, numpy dtype of its scales and biases);
+# numpy is imported on first use: `ferry create`'s CLI imports this module, and waits for it.
+DTYPES = {"F32": (0, "float32"), "BF16": (1, "uint16"), "F16": (2, "uint16")}
 _ptr = ctypes.c_void_p
 __all__ = ["KernelUnavailable", "available", "quantize", "supports"]
 
@@ -58,13 +61,15 @@ def quantize(source: memoryview, dtype: str, shape: tuple[int, ...], bits: int,
     """(packed uint32, scales, biases) of the tensor whose raw bytes are `source`, shaped as
     `mx.quantize` returns them: [..., in * bits / 32], [..., in / group_size] twice. Scales
     and biases are in the source dtype (bf16 and f16 as uint16 bit patterns)."""
+    import numpy as np
+
     in_dims = shape[-1] if shape else 0
     if not shape or not supports(dtype, bits, group_size, "affine", in_dims):
         raise ValueError(f"affine_quantize: {dtype}{list(shape)} at {bits} bits, group "
                          f"{group_size} is not supported")
     code, param_dtype = DTYPES[dtype]
     count = int(np.prod(shape))
-    if source.nbytes != count * np.dtype(param_dtype if code else np.float32).itemsize:
+    if source.nbytes != count * np.dtype(param_dtype).itemsize:
         raise ValueError(f"affine_quantize: {source.nbytes} bytes do not hold "
                          f"{dtype}{list(shape)}")
     groups = count // group_size
