@@ -8,6 +8,9 @@ back through `QuantType.from_metadata`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
+
+from runner import quant_cpu
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ QUANT_TYPES: dict[str, QuantType] = {
     "mxfp4": QuantType("mxfp4", 4, 32, "mxfp4"),
     "mxfp8": QuantType("mxfp8", 8, 32, "mxfp8"),
 }
+_DTYPE_TAGS = {"mlx.core.float32": "F32", "mlx.core.bfloat16": "BF16",
+               "mlx.core.float16": "F16"}
 _ALIASES = {"q4": "int4", "fp4": "int4", "q8": "int8", "fp8": "int8"}
 
 
@@ -99,7 +104,15 @@ def quantize(weight, qtype: QuantType) -> dict[str, object]:  # type: ignore[no-
     `<tensor>.bias` inside the blob. The outputs are evaluated, so the caller can drop `weight`.
     """
     mx = load_mlx()
-    parts = mx.quantize(weight, group_size=qtype.group_size, bits=qtype.bits, mode=qtype.mode)
+    parts: Any = None
+    if (qtype.mode in quant_cpu.FP4_MODES and weight.ndim >= 2
+            and weight.shape[-1] % qtype.group_size == 0
+            and quant_cpu.fast_path(qtype.mode, qtype.bits, qtype.group_size,
+                                    _DTYPE_TAGS.get(str(weight.dtype), ""))):
+        parts = quant_cpu.fp4_quantize(weight, qtype.mode, qtype.group_size)
+    if parts is None:
+        parts = mx.quantize(weight, group_size=qtype.group_size, bits=qtype.bits,
+                            mode=qtype.mode)
     mx.eval(*parts)
     out: dict[str, object] = {"weight": parts[0], "scale": parts[1]}
     if qtype.has_bias:

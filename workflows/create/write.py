@@ -20,21 +20,22 @@ data in header order). For a layer named N (the tensor name, e.g.
 Memory: an unquantized tensor is streamed in 4 MiB chunks; a quantized one is read, quantized,
 serialized and released once written, so the peak is a few tensors, not the model.
 
-Speed: on a CPU device, affine types (int4, int8) are quantized by `runner.kernels.
-affine_quantize` straight from the mapped source bytes: MLX's own CPU quantize divides weight by
-weight in scalar code (0.6 GB/s of bf16 per core), the kernel does the same float arithmetic
-eight lanes at a time (3.4 GB/s), byte-identical. Either quantizes on one core per thread, so
-tensors are quantized by QUANT_WORKERS threads (shared by every create in the process, each
-with its own MLX stream) while the create's thread
-waits for the next tensor's bytes; at most QUANT_WORKERS tensors of one create (and
-QUANT_AHEAD_BYTES of their sources) are in hand at once, and blobs are still submitted in order.
+Speed: on a CPU device, affine types (int4, int8) are quantized by
+`runner.quant_cpu.affine` straight from the mapped source bytes: MLX's own CPU
+quantize divides weight by weight in scalar code (0.6 GB/s of bf16 per core), the kernel does
+the same float arithmetic eight lanes at a time (3.4 GB/s), byte-identical; the fp modes go
+through `runner.quant.quantize` (nvfp4 and mxfp4 take the kernel's code step there: 0.03 ->
+0.35 GB/s). Either quantizes on one core per thread, so tensors are
+quantized by QUANT_WORKERS threads (shared by every create in the process, each with its own
+MLX stream) while the create's thread waits for the next tensor's bytes; at most QUANT_WORKERS
+tensors of one create (and QUANT_AHEAD_BYTES of their sources) are in hand at once, and blobs
+are still submitted in order.
 A tensor of SPLIT_BYTES or more is quantized in two halves at once (see `_quantized_parts`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import mmap
 import struct
@@ -49,7 +50,7 @@ from registry import media_types as mt
 from registry.digests import Digest
 from registry.manifests import Descriptor
 from registry.store import Store
-from runner.kernels import affine_quantize
+from runner import quant_cpu
 from runner.quant import QuantType, load_mlx, quantize
 from workflows.create.blob_batch import BlobBatch
 from workflows.create.errors import CreateCancelled
@@ -294,20 +295,14 @@ def _part_keys(tensor: TensorPlan) -> dict[str, str]:
 
 
 def native_quantize(tensor: TensorPlan) -> bool:
-    """Whether `runner.kernels.affine_quantize` (MLX's CPU affine quantize, byte-identical and
-    about 5x faster) quantizes this tensor: affine types on a CPU device, where it builds."""
+    """Whether `runner.quant_cpu.affine` (MLX's CPU affine quantize, byte-identical and about 5x
+    faster) quantizes this tensor: affine types on a CPU device, where it builds and agrees."""
     qtype, first = tensor.quant, tensor.sources[0]
     return (qtype is not None and len(first.shape) >= 2 and first.nbytes > 0
-            and affine_quantize.supports(first.dtype, qtype.bits, qtype.group_size, qtype.mode,
-                                         first.shape[-1])
+            and first.shape[-1] % qtype.group_size == 0
             and all(s.dtype == first.dtype and s.shape == first.shape for s in tensor.sources)
-            and _cpu_kernel())
-
-
-@functools.cache
-def _cpu_kernel() -> bool:
-    mx = load_mlx()
-    return mx.default_device().type == mx.DeviceType.cpu and affine_quantize.available()
+            and qtype.mode == "affine"
+            and quant_cpu.fast_path(qtype.mode, qtype.bits, qtype.group_size, first.dtype))
 
 
 def _native_parts(tensor: TensorPlan) -> list[Part]:
@@ -319,7 +314,7 @@ def _native_parts(tensor: TensorPlan) -> list[Part]:
     row_bytes = shape[-1] * tensor.sources[0].nbytes // tensor.sources[0].elements
 
     def run(block: memoryview) -> tuple[Any, ...]:
-        return affine_quantize.quantize(block, tensor.dtype, (block.nbytes // row_bytes,
+        return quant_cpu.affine(block, tensor.dtype, (block.nbytes // row_bytes,
                                                               shape[-1]),
                                         qtype.bits, qtype.group_size)
 

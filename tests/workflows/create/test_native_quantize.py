@@ -10,13 +10,14 @@ import pytest
 from safetensors.numpy import save_file
 
 from registry.store import Store
-from runner.kernels import affine_quantize
+from runner import quant_cpu
+from runner.kernels import cpu_quantize
 from runner.quant import parse_quant_type
 from workflows.create import write
 from workflows.create.inventory import take_inventory
 from workflows.create.plan import plan_model
 
-pytestmark = pytest.mark.skipif(not affine_quantize.available(),
+pytestmark = pytest.mark.skipif(not cpu_quantize.available(),
                                 reason="no C compiler: create uses MLX's quantize")
 
 
@@ -37,7 +38,7 @@ def _moe_checkpoint(root):
 def _write(plan, store, monkeypatch, native: bool, split_bytes: int | None = None):
     calls = {"kernel": 0, "mlx": 0}
     threads: set[str] = set()
-    kernel, mlx = affine_quantize.quantize, write.quantize
+    kernel, mlx = quant_cpu.affine, write.quantize
 
     def counted_kernel(*args, **kwargs):
         calls["kernel"] += 1
@@ -49,9 +50,9 @@ def _write(plan, store, monkeypatch, native: bool, split_bytes: int | None = Non
         return mlx(*args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(affine_quantize, "quantize", counted_kernel)
+        patch.setattr(quant_cpu, "affine", counted_kernel)
         patch.setattr(write, "quantize", counted_mlx)
-        patch.setattr(write, "_cpu_kernel", lambda: native)
+        patch.setattr(cpu_quantize, "usable", lambda: native)
         if split_bytes is not None:
             patch.setattr(write, "SPLIT_BYTES", split_bytes)
         layers = write.write_plan(plan, store, lambda e: None, threading.Event())
@@ -100,3 +101,15 @@ def test_a_source_shorter_than_its_header_says_fails_the_create_cleanly(tmp_path
     with pytest.raises(OSError, match="unexpected end of file"):
         _write(plan, store, monkeypatch, native=True)
     assert not list(store.blobs_dir.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("qtype", ["nvfp4", "mxfp4"])
+def test_fp4_creates_take_the_kernel_code_step_and_write_mlx_blobs(make_checkpoint, tmp_path,
+                                                                   monkeypatch, qtype):
+    plan = plan_model(take_inventory(make_checkpoint("llama")), parse_quant_type(qtype))
+    by_mlx, _, _ = _write(plan, Store(tmp_path / "mlx"), monkeypatch, native=False)
+    codes = []
+    real = cpu_quantize.fp4_codes
+    monkeypatch.setattr(cpu_quantize, "fp4_codes", lambda *a: codes.append(1) or real(*a))
+    by_kernel, _, _ = _write(plan, Store(tmp_path / "kernel"), monkeypatch, native=True)
+    assert codes and by_kernel == by_mlx

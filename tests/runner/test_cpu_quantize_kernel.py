@@ -1,5 +1,6 @@
 """The C affine quantizer writes exactly what `mx.quantize` writes: packed words, scales and
-biases, bit for bit, for every source dtype, bit width and group size it takes."""
+biases, bit for bit, for every source dtype, bit width and group size it takes; built without
+AVX2, its plain loops (and the fp4 code step's) do too."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from runner.kernels import affine_quantize, build
+from runner import quant_cpu
+from runner.kernels import build, cpu_quantize
 
-pytestmark = pytest.mark.skipif(not affine_quantize.available(),
+pytestmark = pytest.mark.skipif(not cpu_quantize.available(),
                                 reason="no C compiler: create uses MLX's quantize")
 
 TAGS = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32"}
@@ -46,7 +48,7 @@ def test_the_kernel_writes_what_mlx_writes(dtype, bits, group_size):
         ref = mx.quantize(w, group_size=group_size, bits=bits)
         mx.eval(*ref)
         source = memoryview(_bits_of(w)).cast("B")
-        packed, scales, biases = affine_quantize.quantize(source, TAGS[dtype], shape, bits,
+        packed, scales, biases = cpu_quantize.affine(source, TAGS[dtype], shape, bits,
                                                           group_size)
         assert packed.shape == tuple(ref[0].shape) and scales.shape == tuple(ref[1].shape)
         assert np.array_equal(packed, np.array(ref[0])), (shape, "packed")
@@ -57,15 +59,15 @@ def test_the_kernel_writes_what_mlx_writes(dtype, bits, group_size):
 def test_what_the_kernel_does_not_take_is_refused_by_name():
     data = memoryview(bytes(2 * 64 * 4))
     with pytest.raises(ValueError, match="3 bits"):
-        affine_quantize.quantize(data, "F32", (2, 64), 3, 64)
+        cpu_quantize.affine(data, "F32", (2, 64), 3, 64)
     with pytest.raises(ValueError, match="group 48"):
-        affine_quantize.quantize(data, "F32", (2, 64), 4, 48)
+        cpu_quantize.affine(data, "F32", (2, 64), 4, 48)
     with pytest.raises(ValueError, match="I8"):
-        affine_quantize.quantize(data, "I8", (2, 64), 4, 64)
+        cpu_quantize.affine(data, "I8", (2, 64), 4, 64)
     with pytest.raises(ValueError, match="do not hold"):
-        affine_quantize.quantize(data[:100], "F32", (2, 64), 4, 64)
-    assert not affine_quantize.supports("BF16", 4, 64, "nvfp4", 64)
-    assert not affine_quantize.supports("BF16", 4, 64, "affine", 96)
+        cpu_quantize.affine(data[:100], "F32", (2, 64), 4, 64)
+    assert not cpu_quantize.affine_supports("BF16", 4, 64, "nvfp4", 64)
+    assert not cpu_quantize.affine_supports("BF16", 4, 64, "affine", 96)
 
 
 def test_the_portable_loops_write_what_mlx_writes_too(monkeypatch):
@@ -73,14 +75,22 @@ def test_the_portable_loops_write_what_mlx_writes_too(monkeypatch):
     flags = ("-O2", "-march=x86-64", "-shared", "-fPIC", "-std=c11")
     if platform.machine().lower() not in ("x86_64", "amd64"):
         flags = ("-O2", "-shared", "-fPIC", "-std=c11")
-    portable = affine_quantize.configured(build.library(affine_quantize.SOURCE, flags))
-    monkeypatch.setattr(affine_quantize, "_library", lambda: portable)
+    portable = cpu_quantize.configured(build.library(cpu_quantize.SOURCE, flags))
+    monkeypatch.setattr(cpu_quantize, "_library", lambda: portable)
+    assert "AVX2" not in " ".join(flags) and flags != build.FLAGS
     for dtype in (mx.bfloat16, mx.float16, mx.float32):
         for bits in (2, 4, 8):
             w = _awkward((12, 192), dtype, bits)
             ref = mx.quantize(w, group_size=64, bits=bits)
             mx.eval(*ref)
-            got = affine_quantize.quantize(memoryview(_bits_of(w)).cast("B"), TAGS[dtype],
+            got = cpu_quantize.affine(memoryview(_bits_of(w)).cast("B"), TAGS[dtype],
                                            (12, 192), bits, 64)
             for mine, theirs in zip(got, ref, strict=True):
                 assert np.array_equal(mine, _bits_of(theirs)), (dtype, bits)
+    for mode, group in (("nvfp4", 16), ("mxfp4", 32)):  # fp4 codes through the plain loop
+        for dtype in (mx.bfloat16, mx.float16, mx.float32):
+            w = _awkward((12, 128), dtype, 3)
+            expected = mx.quantize(w, group_size=group, bits=4, mode=mode)
+            got = quant_cpu.fp4_quantize(w, mode, group)
+            assert got is not None
+            assert np.array_equal(np.array(got[0]), np.array(expected[0])), (mode, dtype)

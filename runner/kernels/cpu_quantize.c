@@ -1,4 +1,12 @@
-/* MLX's affine quantization (mx.quantize, mode "affine") on the CPU, byte for byte.
+/* MLX's CPU quantization, byte for byte, where MLX's own CPU code is slow.
+ *
+ * affine_quantize: mx.quantize with mode "affine" (int4, int8), the whole of it.
+ * fp4_codes: the last step of modes nvfp4 and mxfp4, which MLX's CPU path (the composed-op
+ * fallback) does as argmin(|wq - LUT|) over a 16-wide expansion of every weight: 0.03 GB/s,
+ * and 16 floats of memory per weight. The scales and the scaled weights `wq` before it stay
+ * MLX's own ops (runner/quant.py).
+ *
+ * affine_quantize
  *
  * MLX's own CPU path (fast::Quantize::eval_cpu) runs a scalar loop with a division per weight:
  * about 0.6 GB/s of bf16 on one core, the largest single cost of `ferry create -q int4`. This
@@ -8,7 +16,7 @@
  * times faster. Scales and biases are rounded to the source dtype as MLX does (bf16: round to
  * nearest even, NaN to 0x7FC0).
  *
- * Layout written: out is [groups * group * bits / 32] uint32, 32 / bits values per word, the
+ * Layout written (affine): out is [groups * group * bits / 32] uint32, 32 / bits values per word, the
  * lowest bits first (little endian, so 8-bit values are plain bytes); one scale and one bias
  * per group. Single-threaded: the caller runs one call per thread.
  */
@@ -175,6 +183,95 @@ int affine_quantize(const void *w, int dtype, int64_t n_groups, int group, int b
         pack(q, group, bits, (uint8_t *)out + g * out_bytes);
         store_param(scales, dtype, g, scale);
         store_param(biases, dtype, g, bias);
+    }
+    return 0;
+}
+
+static const float FP4_LUT[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* A float rounded to the dtype MLX holds an op's result in (bf16, f16: nearest even). */
+static inline float narrow(float v, int dtype) {
+    if (dtype == DTYPE_BF16) return bf16_to_f32(f32_to_bf16(v));
+    if (dtype == DTYPE_F16) return f16_to_f32(f32_to_f16(v));
+    return v;
+}
+
+static inline float load_value(const void *x, int dtype, int64_t i) {
+    if (dtype == DTYPE_F32) return ((const float *)x)[i];
+    if (dtype == DTYPE_BF16) return bf16_to_f32(((const uint16_t *)x)[i]);
+    return f16_to_f32(((const uint16_t *)x)[i]);
+}
+
+/* The index of the first smallest |narrow(v - LUT[k])|, as MLX's argmin finds it (strict <,
+ * so a NaN is never picked over index 0). */
+static inline uint32_t fp4_code(float v, int dtype) {
+    float best = fabsf(narrow(v - FP4_LUT[0], dtype));
+    uint32_t index = 0;
+    for (uint32_t k = 1; k < 16; k++) {
+        float d = fabsf(narrow(v - FP4_LUT[k], dtype));
+        if (d < best) {
+            best = d;
+            index = k;
+        }
+    }
+    return index;
+}
+
+#if defined(__AVX2__) && defined(__F16C__)
+static inline __m256 narrow8(__m256 v, int dtype) {
+    if (dtype == DTYPE_BF16) { /* a quiet NaN stays a NaN, and compares false either way */
+        __m256i u = _mm256_castps_si256(v);
+        __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        u = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+        return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xFFFF0000u)));
+    }
+    if (dtype == DTYPE_F16)
+        return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    return v;
+}
+
+static inline __m256 load8(const void *x, int dtype, int64_t i) {
+    if (dtype == DTYPE_F32) return _mm256_loadu_ps((const float *)x + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
+    if (dtype == DTYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Eight codes packed into one word, the first in the lowest bits. */
+static inline uint32_t fp4_word8(__m256 v, int dtype) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 best = _mm256_andnot_ps(sign, narrow8(_mm256_sub_ps(v, _mm256_set1_ps(FP4_LUT[0])),
+                                                 dtype));
+    __m256i index = _mm256_setzero_si256();
+    for (int k = 1; k < 16; k++) {
+        __m256 d = _mm256_andnot_ps(sign, narrow8(_mm256_sub_ps(v, _mm256_set1_ps(FP4_LUT[k])),
+                                                  dtype));
+        __m256 less = _mm256_cmp_ps(d, best, _CMP_LT_OQ);
+        best = _mm256_blendv_ps(best, d, less);
+        index = _mm256_blendv_epi8(index, _mm256_set1_epi32(k), _mm256_castps_si256(less));
+    }
+    index = _mm256_sllv_epi32(index, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    __m128i folded = _mm_or_si128(_mm256_castsi256_si128(index),
+                                  _mm256_extracti128_si256(index, 1));
+    folded = _mm_or_si128(folded, _mm_shuffle_epi32(folded, 0x4E));
+    folded = _mm_or_si128(folded, _mm_shuffle_epi32(folded, 0xB1));
+    return (uint32_t)_mm_cvtsi128_si32(folded);
+}
+#endif
+
+/* out[i / 8] holds the codes of x[i..i+8) (x: n values of `dtype`, n a multiple of 8).
+ * Returns 0, or -1 for a dtype or count it does not take. */
+int fp4_codes(const void *x, int dtype, int64_t n, uint32_t *out) {
+    if (dtype < DTYPE_F32 || dtype > DTYPE_F16 || n % 8 != 0) return -1;
+    for (int64_t i = 0; i < n; i += 8) {
+#if defined(__AVX2__) && defined(__F16C__)
+        out[i / 8] = fp4_word8(load8(x, dtype, i), dtype);
+#else
+        uint32_t word = 0;
+        for (int k = 0; k < 8; k++) word |= fp4_code(load_value(x, dtype, i + k), dtype) << (4 * k);
+        out[i / 8] = word;
+#endif
     }
     return 0;
 }
