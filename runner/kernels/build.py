@@ -16,9 +16,12 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
+# Threads of one process (create's quantizing threads) may ask for a library at once: one builds.
+_BUILD_LOCK = threading.Lock()
 
 
 class KernelUnavailable(RuntimeError):
@@ -52,7 +55,9 @@ def _build(source: Path, target: Path, flags: tuple[str, ...]) -> None:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise KernelUnavailable("no C compiler found (install gcc)")
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
     result = subprocess.run([compiler, *flags, "-o", str(tmp), str(source), "-lm"],
                             capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -65,9 +70,17 @@ def _build(source: Path, target: Path, flags: tuple[str, ...]) -> None:
 def library(source: Path, flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
     """The compiled `source`, built now if needed; raises KernelUnavailable. Other `flags`
     (tests: a build without AVX2, for the portable loops) make another library."""
+    with _BUILD_LOCK:
+        return _load(source, flags)
+
+
+def _load(source: Path, flags: tuple[str, ...]) -> ctypes.CDLL:
     target = _library_path(source, flags)
     if not target.is_file():
-        _build(source, target, flags)
+        try:
+            _build(source, target, flags)
+        except OSError as exc:  # the build dir vanished or filled up, a compiler that won't run
+            raise KernelUnavailable(f"building {source.name} failed: {exc}") from exc
     try:
         return ctypes.CDLL(str(target))
     except OSError as exc:

@@ -94,3 +94,31 @@ def test_the_portable_loops_write_what_mlx_writes_too(monkeypatch):
             got = quant_cpu.fp4_quantize(w, mode, group)
             assert got is not None
             assert np.array_equal(np.array(got[0]), np.array(expected[0])), (mode, dtype)
+
+
+def test_threads_asking_for_a_new_build_at_once_all_get_it():
+    """create's two quantizing threads reach the first build together: one builds, both load
+    (they used to share a temp name, and the second's rename failed)."""
+    import threading
+    import uuid
+
+    flags = (*build.FLAGS, f"-DFERRY_TEST_NONCE={uuid.uuid4().int % 10**9}")  # a new library
+    results: list[object] = []
+    start = threading.Barrier(4)
+
+    def ask() -> None:
+        start.wait()
+        try:
+            results.append(build.library(cpu_quantize.SOURCE, flags))
+        except Exception as exc:  # the test reports whatever went wrong
+            results.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4 and all(not isinstance(r, Exception) for r in results), results
+    path = build._library_path(cpu_quantize.SOURCE, flags)
+    assert path.is_file() and not list(path.parent.glob(f".{path.name}.*"))
+    path.unlink()
