@@ -63,6 +63,7 @@ def _build(source: Path, target: Path, flags: tuple[str, ...]) -> None:
     if result.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise KernelUnavailable(f"building {source.name} failed: {result.stderr.strip()[:500]}")
+    os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep other users of the checkout from loading it
     os.replace(tmp, target)  # concurrent builders each publish a complete file
 
 
