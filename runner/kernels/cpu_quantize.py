@@ -92,6 +92,7 @@ def affine(source: memoryview, dtype: str, shape: tuple[int, ...], bits: int,
     status = _library().affine_quantize(data.ctypes.data, code, count // group_size,
                                         group_size, bits, packed.ctypes.data,
                                         scales.ctypes.data, biases.ctypes.data)
+    del data  # before any raise: a traceback holding it would keep the caller's mapping open
     if status != 0:
         raise ValueError(f"affine quantize refused {bits} bits, group {group_size}")
     return packed, scales, biases

@@ -314,9 +314,8 @@ def _native_parts(tensor: TensorPlan) -> list[Part]:
     row_bytes = shape[-1] * tensor.sources[0].nbytes // tensor.sources[0].elements
 
     def run(block: memoryview) -> tuple[Any, ...]:
-        return quant_cpu.affine(block, tensor.dtype, (block.nbytes // row_bytes,
-                                                              shape[-1]),
-                                        qtype.bits, qtype.group_size)
+        rows = (block.nbytes // row_bytes, shape[-1])
+        return quant_cpu.affine(block, tensor.dtype, rows, qtype.bits, qtype.group_size)
 
     with contextlib.ExitStack() as stack:
         blocks = [stack.enter_context(_mapped(s)) for s in tensor.sources]
