@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
@@ -86,3 +87,13 @@ def _load(source: Path, flags: tuple[str, ...]) -> ctypes.CDLL:
         return ctypes.CDLL(str(target))
     except OSError as exc:
         raise KernelUnavailable(f"loading {target.name} failed: {exc}") from exc
+
+
+def loads(library: Callable[[], ctypes.CDLL]) -> bool:
+    """True when `library()` (a kernel module's configured build) builds, now if needed, and
+    loads; False where it cannot (the module's callers take another path)."""
+    try:
+        library()
+    except KernelUnavailable:
+        return False
+    return True

@@ -54,11 +54,7 @@ def configured(lib: ctypes.CDLL) -> ctypes.CDLL:
 @functools.cache
 def available() -> bool:
     """True when the kernel is built (building it now if needed) and loads."""
-    try:
-        _library()
-    except KernelUnavailable:
-        return False
-    return True
+    return build.loads(_library)
 
 
 def usable() -> bool:

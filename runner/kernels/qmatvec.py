@@ -47,11 +47,7 @@ def _library() -> ctypes.CDLL:
 
 def available() -> bool:
     """True when the kernel is built (building it now if needed) and loads."""
-    try:
-        _library()
-    except KernelUnavailable:
-        return False
-    return True
+    return build.loads(_library)
 
 
 def _check(w: np.ndarray, in_dims: int, bits: int, group_size: int) -> None:
