@@ -59,8 +59,6 @@ QUANT_TYPES: dict[str, QuantType] = {
     "mxfp4": QuantType("mxfp4", 4, 32, "mxfp4"),
     "mxfp8": QuantType("mxfp8", 8, 32, "mxfp8"),
 }
-_DTYPE_TAGS = {"mlx.core.float32": "F32", "mlx.core.bfloat16": "BF16",
-               "mlx.core.float16": "F16"}
 _ALIASES = {"q4": "int4", "fp4": "int4", "q8": "int8", "fp8": "int8"}
 
 
@@ -108,7 +106,7 @@ def quantize(weight, qtype: QuantType) -> dict[str, object]:  # type: ignore[no-
     if (qtype.mode in quant_cpu.FP4_MODES and weight.ndim >= 2
             and weight.shape[-1] % qtype.group_size == 0
             and quant_cpu.fast_path(qtype.mode, qtype.bits, qtype.group_size,
-                                    _DTYPE_TAGS.get(str(weight.dtype), ""))):
+                                    quant_cpu.dtype_tag(weight.dtype))):
         parts = quant_cpu.fp4_quantize(weight, qtype.mode, qtype.group_size)
     if parts is None:
         parts = mx.quantize(weight, group_size=qtype.group_size, bits=qtype.bits,

@@ -30,10 +30,11 @@ def fast_path(mode: str, bits: int, group_size: int, dtype: str) -> bool:
     return supported and cpu_quantize.usable() and _agrees(mode, bits, group_size, dtype)
 
 
-def affine(source: memoryview, dtype: str, shape: tuple[int, ...], bits: int,
-           group_size: int) -> tuple[Any, ...]:
-    """`cpu_quantize.affine` (raw source bytes in, numpy parts out)."""
-    return cpu_quantize.affine(source, dtype, shape, bits, group_size)
+def dtype_tag(dtype: Any) -> str:
+    """The safetensors tag of an MLX float dtype ("" for any other)."""
+    import mlx.core as mx
+
+    return {mx.float32: "F32", mx.bfloat16: "BF16", mx.float16: "F16"}.get(dtype, "")
 
 
 def fp4_quantize(weight: Any, mode: str, group_size: int) -> tuple[Any, Any] | None:
@@ -59,7 +60,7 @@ def fp4_quantize(weight: Any, mode: str, group_size: int) -> tuple[Any, Any] | N
         wq = mx.divide(wq, mx.power(mx.array(2.0, weight.dtype), exponents.astype(weight.dtype)))
         scales = mx.add(exponents, mx.array(127.0)).astype(mx.uint8)
     mx.eval(wq, scales)
-    tag = {mx.float32: "F32", mx.bfloat16: "BF16", mx.float16: "F16"}[wq.dtype]
+    tag = dtype_tag(wq.dtype)
     raw = wq if tag == "F32" else wq.view(mx.uint16)  # buffers have no bf16 format
     codes = cpu_quantize.fp4_codes(memoryview(raw).cast("B"), tag)  # type: ignore[arg-type]
     del wq, raw
@@ -84,7 +85,7 @@ def _agrees(mode: str, bits: int, group_size: int, dtype: str) -> bool:
     import mlx.core as mx
     import numpy as np
 
-    mx_dtype = {"F32": mx.float32, "BF16": mx.bfloat16, "F16": mx.float16}[dtype]
+    mx_dtype = next(d for d in (mx.float32, mx.bfloat16, mx.float16) if dtype_tag(d) == dtype)
     weight = _probe(mx_dtype, 4 * group_size)
     expected = mx.quantize(weight, group_size=group_size, bits=bits, mode=mode)
     mx.eval(*expected)

@@ -21,7 +21,7 @@ Memory: an unquantized tensor is streamed in 4 MiB chunks; a quantized one is re
 serialized and released once written, so the peak is a few tensors, not the model.
 
 Speed: on a CPU device, affine types (int4, int8) are quantized by
-`runner.quant_cpu.affine` straight from the mapped source bytes: MLX's own CPU
+`runner.kernels.cpu_quantize.affine` straight from the mapped source bytes: MLX's own CPU
 quantize divides weight by weight in scalar code (0.6 GB/s of bf16 per core), the kernel does
 the same float arithmetic eight lanes at a time (3.4 GB/s), byte-identical; the fp modes go
 through `runner.quant.quantize` (nvfp4 and mxfp4 take the kernel's code step there: 0.03 ->
@@ -51,6 +51,7 @@ from registry.digests import Digest
 from registry.manifests import Descriptor
 from registry.store import Store
 from runner import quant_cpu
+from runner.kernels import cpu_quantize
 from runner.quant import QuantType, load_mlx, quantize
 from workflows.create.blob_batch import BlobBatch
 from workflows.create.errors import CreateCancelled
@@ -295,13 +296,13 @@ def _part_keys(tensor: TensorPlan) -> dict[str, str]:
 
 
 def native_quantize(tensor: TensorPlan) -> bool:
-    """Whether `runner.quant_cpu.affine` (MLX's CPU affine quantize, byte-identical and about 5x
-    faster) quantizes this tensor: affine types on a CPU device, where it builds and agrees."""
+    """Whether `runner.kernels.cpu_quantize.affine` (MLX's CPU affine quantize, byte-identical
+    and about 5x faster) quantizes this tensor from its source bytes: an affine type on a CPU
+    device, where the kernel builds and agrees with MLX (`runner.quant_cpu.fast_path`)."""
     qtype, first = tensor.quant, tensor.sources[0]
-    return (qtype is not None and len(first.shape) >= 2 and first.nbytes > 0
-            and first.shape[-1] % qtype.group_size == 0
+    return (qtype is not None and qtype.mode == "affine" and len(first.shape) >= 2
+            and first.nbytes > 0 and first.shape[-1] % qtype.group_size == 0
             and all(s.dtype == first.dtype and s.shape == first.shape for s in tensor.sources)
-            and qtype.mode == "affine"
             and quant_cpu.fast_path(qtype.mode, qtype.bits, qtype.group_size, first.dtype))
 
 
@@ -315,7 +316,7 @@ def _native_parts(tensor: TensorPlan) -> list[Part]:
 
     def run(block: memoryview) -> tuple[Any, ...]:
         rows = (block.nbytes // row_bytes, shape[-1])
-        return quant_cpu.affine(block, tensor.dtype, rows, qtype.bits, qtype.group_size)
+        return cpu_quantize.affine(block, tensor.dtype, rows, qtype.bits, qtype.group_size)
 
     with contextlib.ExitStack() as stack:
         blocks = [stack.enter_context(_mapped(s)) for s in tensor.sources]

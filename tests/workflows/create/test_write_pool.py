@@ -95,7 +95,7 @@ def test_large_tensors_quantized_in_halves_equal_the_whole(make_checkpoint, tmp_
     whole = write.write_plan(plan, Store(tmp_path / "whole"), lambda e: None, threading.Event())
 
     seen: set[str] = set()
-    real, kernel = write.quantize, write.quant_cpu.affine
+    real, kernel = write.quantize, write.cpu_quantize.affine
 
     def traced(weight, qt):
         seen.add(threading.current_thread().name.split("_")[0])
@@ -106,7 +106,7 @@ def test_large_tensors_quantized_in_halves_equal_the_whole(make_checkpoint, tmp_
         return kernel(*args)
 
     monkeypatch.setattr(write, "quantize", traced)
-    monkeypatch.setattr(write.quant_cpu, "affine", traced_kernel)
+    monkeypatch.setattr(write.cpu_quantize, "affine", traced_kernel)
     monkeypatch.setattr(write, "SPLIT_BYTES", 1)
     store = Store(tmp_path / "halves")
     halves = write.write_plan(plan, store, lambda e: None, threading.Event())
