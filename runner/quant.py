@@ -103,11 +103,11 @@ def quantize(weight, qtype: QuantType) -> dict[str, object]:  # type: ignore[no-
     """
     mx = load_mlx()
     parts: Any = None
-    if (qtype.mode in quant_cpu.FP4_MODES and weight.ndim >= 2
+    if (qtype.mode in quant_cpu.FP_MODES and weight.ndim >= 2
             and weight.shape[-1] % qtype.group_size == 0
             and quant_cpu.fast_path(qtype.mode, qtype.bits, qtype.group_size,
                                     quant_cpu.dtype_tag(weight.dtype))):
-        parts = quant_cpu.fp4_quantize(weight, qtype.mode, qtype.group_size)
+        parts = quant_cpu.fp_quantize(weight, qtype.mode, qtype.group_size)
     if parts is None:
         parts = mx.quantize(weight, group_size=qtype.group_size, bits=qtype.bits,
                             mode=qtype.mode)

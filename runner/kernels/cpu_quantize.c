@@ -1,10 +1,10 @@
 /* MLX's CPU quantization, byte for byte, where MLX's own CPU code is slow.
  *
  * affine_quantize: mx.quantize with mode "affine" (int4, int8), the whole of it.
- * fp4_codes: the last step of modes nvfp4 and mxfp4, which MLX's CPU path (the composed-op
- * fallback) does as argmin(|wq - LUT|) over a 16-wide expansion of every weight: 0.03 GB/s,
- * and 16 floats of memory per weight. The scales and the scaled weights `wq` before it stay
- * MLX's own ops (runner/quant.py).
+ * group_absmax, scaled_codes: the per-weight work of the fp modes (nvfp4, mxfp4, mxfp8), which
+ * MLX's CPU path does as composed ops, for fp4 an argmin(|wq - LUT|) over a 16-wide expansion
+ * of every weight (0.03 GB/s, 16 floats of memory per weight). The per-group scales between
+ * the two steps stay MLX's own ops (runner/quant_cpu.py).
  *
  * affine_quantize
  *
@@ -49,7 +49,11 @@ static inline uint16_t f32_to_bf16(float f) {
 static inline float f16_to_f32(uint16_t v) { return _cvtsh_ss(v); }
 static inline uint16_t f32_to_f16(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 #else
-static inline float f16_to_f32(uint16_t v) { return (float)*(const _Float16 *)&v; }
+static inline float f16_to_f32(uint16_t v) {
+    _Float16 h;
+    memcpy(&h, &v, sizeof h);
+    return (float)h;
+}
 static inline uint16_t f32_to_f16(float f) {
     _Float16 h = (_Float16)f;
     uint16_t v;
@@ -197,12 +201,6 @@ static inline float narrow(float v, int dtype) {
     return v;
 }
 
-static inline float load_value(const void *x, int dtype, int64_t i) {
-    if (dtype == DTYPE_F32) return ((const float *)x)[i];
-    if (dtype == DTYPE_BF16) return bf16_to_f32(((const uint16_t *)x)[i]);
-    return f16_to_f32(((const uint16_t *)x)[i]);
-}
-
 /* The index of the first smallest |narrow(v - LUT[k])|, as MLX's argmin finds it (strict <,
  * so a NaN is never picked over index 0). */
 static inline uint32_t fp4_code(float v, int dtype) {
@@ -231,13 +229,6 @@ static inline __m256 narrow8(__m256 v, int dtype) {
     return v;
 }
 
-static inline __m256 load8(const void *x, int dtype, int64_t i) {
-    if (dtype == DTYPE_F32) return _mm256_loadu_ps((const float *)x + i);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
-    if (dtype == DTYPE_F16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 /* Eight codes packed into one word, the first in the lowest bits. */
 static inline uint32_t fp4_word8(__m256 v, int dtype) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -258,20 +249,135 @@ static inline uint32_t fp4_word8(__m256 v, int dtype) {
     folded = _mm_or_si128(folded, _mm_shuffle_epi32(folded, 0xB1));
     return (uint32_t)_mm_cvtsi128_si32(folded);
 }
+
+/* to_fp8_e4m3 of eight lanes, as 32-bit lanes holding the byte. */
+static inline __m256i fp8_lanes(__m256 v) {
+    const __m256i denorm = _mm256_set1_epi32(141 << 23);
+    __m256i bits = _mm256_castps_si256(v);
+    __m256i sign = _mm256_and_si256(bits, _mm256_set1_epi32((int)0x80000000u));
+    bits = _mm256_xor_si256(bits, sign);
+    __m256i low = _mm256_sub_epi32(_mm256_castps_si256(
+        _mm256_add_ps(_mm256_castsi256_ps(bits), _mm256_castsi256_ps(denorm))), denorm);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 20), _mm256_set1_epi32(1));
+    __m256i high = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(
+        bits, _mm256_set1_epi32((int)(((uint32_t)(7 - 127) << 23) + 0x7FFFFu))), odd), 20);
+    /* bits has no sign bit now, so signed compares order it as unsigned */
+    __m256i is_low = _mm256_cmpgt_epi32(_mm256_set1_epi32(121 << 23), bits);
+    __m256i is_sat = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32((int)((543u << 21) - 1)));
+    __m256i result = _mm256_blendv_epi8(high, low, is_low);
+    result = _mm256_blendv_epi8(result, _mm256_set1_epi32(0x7E), is_sat);
+    result = _mm256_or_si256(result, _mm256_srli_epi32(sign, 24));
+    return _mm256_and_si256(result, _mm256_set1_epi32(0xFF));
+}
+
+/* 32 values divided by d, rounded to `dtype`, as e4m3 bytes in order. */
+static inline void fp8_bytes32(const float *x, float d, int dtype, uint8_t *out) {
+    const __m256 vd = _mm256_set1_ps(d);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i lanes[4];
+    for (int k = 0; k < 4; k++)
+        lanes[k] = fp8_lanes(narrow8(_mm256_div_ps(_mm256_loadu_ps(x + 8 * k), vd), dtype));
+    __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(lanes[0], lanes[1]),
+                                        _mm256_packus_epi32(lanes[2], lanes[3]));
+    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(bytes, order));
+}
 #endif
 
-/* out[i / 8] holds the codes of x[i..i+8) (x: n values of `dtype`, n a multiple of 8).
- * Returns 0, or -1 for a dtype or count it does not take. */
-int fp4_codes(const void *x, int dtype, int64_t n, uint32_t *out) {
-    if (dtype < DTYPE_F32 || dtype > DTYPE_F16 || n % 8 != 0) return -1;
-    for (int64_t i = 0; i < n; i += 8) {
-#if defined(__AVX2__) && defined(__F16C__)
-        out[i / 8] = fp4_word8(load8(x, dtype, i), dtype);
-#else
-        uint32_t word = 0;
-        for (int k = 0; k < 8; k++) word |= fp4_code(load_value(x, dtype, i + k), dtype) << (4 * k);
-        out[i / 8] = word;
+/* MLX's float -> e4m3 conversion (detail::ToFP8), bit for bit: round to nearest even,
+ * saturating at 448 (0x7E), a NaN included. */
+static inline uint8_t to_fp8_e4m3(float f) {
+    const uint32_t fp8_max = 543u << 21, denorm_mask = 141u << 23;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    uint32_t sign = bits & 0x80000000u;
+    bits ^= sign;
+    uint8_t result;
+    if (bits >= fp8_max) {
+        result = 0x7E;
+    } else if (bits < (121u << 23)) {
+        float a, b;
+        memcpy(&a, &bits, sizeof a);
+        memcpy(&b, &denorm_mask, sizeof b);
+        float sum = a + b;
+        uint32_t low;
+        memcpy(&low, &sum, sizeof low);
+        result = (uint8_t)(low - denorm_mask);
+    } else {
+        uint32_t high = bits + (((uint32_t)(7 - 127) << 23) + 0x7FFFFu) + ((bits >> 20) & 1u);
+        result = (uint8_t)(high >> 20);
+    }
+    return (uint8_t)(result | (sign >> 24));
+}
+
+/* out[g] = max |w| over group g (exact; a NaN anywhere in the group makes it NaN, so the
+ * caller can leave such a tensor to MLX). Returns 0, or -1 for what it does not take. */
+int group_absmax(const void *w, int dtype, int64_t n_groups, int group, float *out) {
+    if (dtype < DTYPE_F32 || dtype > DTYPE_F16 || group < 1 || group > MAX_GROUP) return -1;
+    float x[MAX_GROUP];
+    for (int64_t g = 0; g < n_groups; g++) {
+        widen(w, dtype, g * group, group, x);
+        float m = 0.0f;
+        int nan = 0, j = 0;
+#ifdef __AVX2__
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 vm = _mm256_setzero_ps(), vnan = _mm256_setzero_ps();
+        for (; j + 8 <= group; j += 8) {
+            __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j));
+            vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+            vm = _mm256_max_ps(vm, a);
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vm);
+        for (int k = 0; k < 8; k++) m = lanes[k] > m ? lanes[k] : m;
+        nan = _mm256_movemask_ps(vnan) != 0;
 #endif
+        for (; j < group; j++) {
+            float a = fabsf(x[j]);
+            nan |= a != a;
+            m = a > m ? a : m;
+        }
+        out[g] = nan ? NAN : m;
+    }
+    return 0;
+}
+
+enum { CODES_FP4 = 0, CODES_FP4_F32 = 1, CODES_FP8 = 2 };
+
+/* The fp modes' per-weight step: v = w / divisor[g], rounded to the source dtype (MLX divides
+ * in it), then its code: e2m1 (the first nearest LUT entry, each difference rounded to the
+ * source dtype, or kept in float32 for CODES_FP4_F32: nvfp4 multiplies by a float32 1.0 first)
+ * packed eight to a word, or e4m3 bytes. `group` a multiple of 8. Returns 0, or -1. */
+int scaled_codes(const void *w, int dtype, int64_t n_groups, int group, const float *divisor,
+                 int kind, void *out) {
+    if (dtype < DTYPE_F32 || dtype > DTYPE_F16 || group < 8 || group > MAX_GROUP || group % 8
+        || kind < CODES_FP4 || kind > CODES_FP8)
+        return -1;
+    const int sub_dtype = kind == CODES_FP4_F32 ? DTYPE_F32 : dtype;
+    float x[MAX_GROUP];
+    for (int64_t g = 0; g < n_groups; g++) {
+        widen(w, dtype, g * group, group, x);
+        const float d = divisor[g];
+        if (kind == CODES_FP8) {
+            uint8_t *bytes = (uint8_t *)out + g * group;
+            int j = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+            for (; j + 32 <= group; j += 32) fp8_bytes32(x + j, d, dtype, bytes + j);
+#endif
+            for (; j < group; j++) bytes[j] = to_fp8_e4m3(narrow(x[j] / d, dtype));
+            continue;
+        }
+        uint32_t *words = (uint32_t *)out + g * (group / 8);
+        for (int j = 0; j < group; j += 8) {
+#if defined(__AVX2__) && defined(__F16C__)
+            __m256 v = narrow8(_mm256_div_ps(_mm256_loadu_ps(x + j), _mm256_set1_ps(d)), dtype);
+            words[j / 8] = fp4_word8(v, sub_dtype);
+#else
+            uint32_t word = 0;
+            for (int k = 0; k < 8; k++)
+                word |= fp4_code(narrow(x[j + k] / d, dtype), sub_dtype) << (4 * k);
+            words[j / 8] = word;
+#endif
+        }
     }
     return 0;
 }

@@ -1,6 +1,7 @@
 """MLX's quantization on the CPU, byte-identical and many times faster (`cpu_quantize.c`):
 MLX's own CPU quantize divides weight by weight in scalar code for affine types (0.6 GB/s of
-bf16 per core) and expands every weight 16-fold for an argmin in the fp4 modes (0.03 GB/s).
+bf16 per core), runs the fp modes as composed ops, and for fp4 expands every weight 16-fold for
+an argmin (0.03 GB/s).
 
 Used only where MLX would quantize on the CPU (`usable`): on a GPU device MLX's own kernels
 are the fast ones.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runner.kernels import build
 from runner.kernels.build import KernelUnavailable
@@ -26,8 +27,11 @@ BITS = (2, 4, 8)
 # numpy is imported on first use: `ferry create`'s CLI imports this module, and waits for it.
 DTYPES = {"F32": (0, "float32"), "BF16": (1, "uint16"), "F16": (2, "uint16")}
 _ptr = ctypes.c_void_p
-__all__ = ["KernelUnavailable", "affine", "affine_supports", "available", "fp4_codes",
-           "usable"]
+# scaled_codes' kinds: fp4 with differences in the source dtype (mxfp4) or in float32 (nvfp4),
+# and e4m3 bytes (mxfp8)
+CODE_KINDS = {"mxfp4": 0, "nvfp4": 1, "mxfp8": 2}
+__all__ = ["CODE_KINDS", "KernelUnavailable", "affine", "affine_supports", "available",
+           "group_absmax", "scaled_codes", "usable"]
 
 
 def affine_supports(dtype: str, bits: int, group_size: int, mode: str, in_dims: int) -> bool:
@@ -46,8 +50,11 @@ def configured(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.affine_quantize.argtypes = [_ptr, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
                                     ctypes.c_int, _ptr, _ptr, _ptr]
     lib.affine_quantize.restype = ctypes.c_int
-    lib.fp4_codes.argtypes = [_ptr, ctypes.c_int, ctypes.c_int64, _ptr]
-    lib.fp4_codes.restype = ctypes.c_int
+    lib.group_absmax.argtypes = [_ptr, ctypes.c_int, ctypes.c_int64, ctypes.c_int, _ptr]
+    lib.group_absmax.restype = ctypes.c_int
+    lib.scaled_codes.argtypes = [_ptr, ctypes.c_int, ctypes.c_int64, ctypes.c_int, _ptr,
+                                 ctypes.c_int, _ptr]
+    lib.scaled_codes.restype = ctypes.c_int
     return lib
 
 
@@ -94,20 +101,52 @@ def affine(source: memoryview, dtype: str, shape: tuple[int, ...], bits: int,
     return packed, scales, biases
 
 
-def fp4_codes(values: memoryview, dtype: str) -> np.ndarray:
-    """The e2m1 code of each scaled weight (what MLX's fp4 quantize takes as argmin |v - LUT|,
-    with each difference rounded to `dtype` as MLX computes it), eight to a uint32 word,
-    lowest first. `values`: the raw bytes of a count of values that is a multiple of 8."""
+def _values(source: memoryview, dtype: str, group_size: int) -> tuple[int, Any]:
+    """(the kernel's dtype code, the source as a numpy byte view); checks whole groups."""
     import numpy as np
 
     if dtype not in DTYPES:
-        raise ValueError(f"fp4 codes: dtype {dtype} is not supported")
+        raise ValueError(f"fp quantize: dtype {dtype} is not supported")
     code, raw = DTYPES[dtype]
-    count = values.nbytes // np.dtype(raw).itemsize
-    if count % 8 or values.nbytes % np.dtype(raw).itemsize:
-        raise ValueError(f"fp4 codes: {values.nbytes} bytes are not a multiple of 8 {dtype}")
-    out = np.empty(count // 8, dtype=np.uint32)
-    data = np.frombuffer(values, dtype=np.uint8)
-    if _library().fp4_codes(data.ctypes.data, code, count, out.ctypes.data) != 0:
-        raise ValueError(f"fp4 codes refused {count} {dtype} values")
+    itemsize = np.dtype(raw).itemsize
+    if source.nbytes % (itemsize * group_size):
+        raise ValueError(f"fp quantize: {source.nbytes} bytes are not whole groups of "
+                         f"{group_size} {dtype}")
+    return code, np.frombuffer(source, dtype=np.uint8)
+
+
+def group_absmax(source: memoryview, dtype: str, group_size: int) -> np.ndarray:
+    """max |w| of each group of `group_size` values (float32; NaN where a group has one)."""
+    import numpy as np
+
+    code, data = _values(source, dtype, group_size)
+    groups = data.nbytes // (np.dtype(DTYPES[dtype][1]).itemsize * group_size)
+    out = np.empty(groups, dtype=np.float32)
+    status = _library().group_absmax(data.ctypes.data, code, groups, group_size, out.ctypes.data)
+    del data
+    if status != 0:
+        raise ValueError(f"group absmax refused group {group_size}")
+    return out
+
+
+def scaled_codes(source: memoryview, dtype: str, group_size: int, divisors: np.ndarray,
+                 mode: str) -> np.ndarray:
+    """The fp mode's packed weights (uint32, [values * bits / 32]): each value divided by its
+    group's divisor (float32, one per group: what MLX divides by, in the source dtype) as MLX
+    divides, then coded as `mode` codes it (e2m1 nibbles, or e4m3 bytes for mxfp8)."""
+    import numpy as np
+
+    code, data = _values(source, dtype, group_size)
+    count = data.nbytes // np.dtype(DTYPES[dtype][1]).itemsize
+    groups = count // group_size
+    divisors = np.ascontiguousarray(divisors, dtype=np.float32)
+    if divisors.size != groups or mode not in CODE_KINDS or group_size % 8:
+        raise ValueError(f"scaled codes: {mode}, {divisors.size} divisors for {groups} groups "
+                         f"of {group_size}")
+    out = np.empty(count // 4 if mode == "mxfp8" else count // 8, dtype=np.uint32)
+    status = _library().scaled_codes(data.ctypes.data, code, groups, group_size,
+                                     divisors.ctypes.data, CODE_KINDS[mode], out.ctypes.data)
+    del data
+    if status != 0:
+        raise ValueError(f"scaled codes refused {mode}, group {group_size}")
     return out

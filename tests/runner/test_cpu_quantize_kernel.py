@@ -1,6 +1,6 @@
 """The C affine quantizer writes exactly what `mx.quantize` writes: packed words, scales and
 biases, bit for bit, for every source dtype, bit width and group size it takes; built without
-AVX2, its plain loops (and the fp4 code step's) do too."""
+AVX2, its plain loops (and the fp modes' steps) do too."""
 
 from __future__ import annotations
 
@@ -87,13 +87,14 @@ def test_the_portable_loops_write_what_mlx_writes_too(monkeypatch):
                                            (12, 192), bits, 64)
             for mine, theirs in zip(got, ref, strict=True):
                 assert np.array_equal(mine, _bits_of(theirs)), (dtype, bits)
-    for mode, group in (("nvfp4", 16), ("mxfp4", 32)):  # fp4 codes through the plain loop
-        for dtype in (mx.bfloat16, mx.float16, mx.float32):
+    for mode, group, bits in (("nvfp4", 16, 4), ("mxfp4", 32, 4), ("mxfp8", 32, 8)):
+        for dtype in (mx.bfloat16, mx.float16, mx.float32):  # the fp steps' plain loops
             w = _awkward((12, 128), dtype, 3)
-            expected = mx.quantize(w, group_size=group, bits=4, mode=mode)
-            got = quant_cpu.fp4_quantize(w, mode, group)
+            expected = mx.quantize(w, group_size=group, bits=bits, mode=mode)
+            got = quant_cpu.fp_quantize(w, mode, group)
             assert got is not None
-            assert np.array_equal(np.array(got[0]), np.array(expected[0])), (mode, dtype)
+            for mine, theirs in zip(got, expected, strict=True):
+                assert np.array_equal(np.array(mine), np.array(theirs)), (mode, dtype)
 
 
 def test_threads_asking_for_a_new_build_at_once_all_get_it():

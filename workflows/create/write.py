@@ -24,8 +24,9 @@ Speed: on a CPU device, affine types (int4, int8) are quantized by
 `runner.kernels.cpu_quantize.affine` straight from the mapped source bytes: MLX's own CPU
 quantize divides weight by weight in scalar code (0.6 GB/s of bf16 per core), the kernel does
 the same float arithmetic eight lanes at a time (3.4 GB/s), byte-identical; the fp modes go
-through `runner.quant.quantize` (nvfp4 and mxfp4 take the kernel's code step there: 0.03 ->
-0.35 GB/s). Either quantizes on one core per thread, so tensors are
+through `runner.quant.quantize`, whose per-weight work is the kernel's too (`runner.quant_cpu`:
+nvfp4 and mxfp4 0.03 -> 0.65 GB/s, mxfp8 0.37 -> 1.3 GB/s). Either quantizes on one core per
+thread, so tensors are
 quantized by QUANT_WORKERS threads (shared by every create in the process, each with its own
 MLX stream) while the create's thread waits for the next tensor's bytes; at most QUANT_WORKERS
 tensors of one create (and QUANT_AHEAD_BYTES of their sources) are in hand at once, and blobs

@@ -105,13 +105,13 @@ def test_a_source_shorter_than_its_header_says_fails_the_create_cleanly(tmp_path
     assert not list(store.blobs_dir.glob(".tmp-*"))
 
 
-@pytest.mark.parametrize("qtype", ["nvfp4", "mxfp4"])
-def test_fp4_creates_take_the_kernel_code_step_and_write_mlx_blobs(make_checkpoint, tmp_path,
+@pytest.mark.parametrize("qtype", ["nvfp4", "mxfp4", "mxfp8"])
+def test_fp_creates_take_the_kernel_and_write_mlx_blobs(make_checkpoint, tmp_path,
                                                                    monkeypatch, qtype):
     plan = plan_model(take_inventory(make_checkpoint("llama")), parse_quant_type(qtype))
     by_mlx, _, _ = _write(plan, Store(tmp_path / "mlx"), monkeypatch, native=False)
     codes = []
-    real = cpu_quantize.fp4_codes
-    monkeypatch.setattr(cpu_quantize, "fp4_codes", lambda *a: codes.append(1) or real(*a))
+    real = cpu_quantize.scaled_codes
+    monkeypatch.setattr(cpu_quantize, "scaled_codes", lambda *a: codes.append(1) or real(*a))
     by_kernel, _, _ = _write(plan, Store(tmp_path / "kernel"), monkeypatch, native=True)
     assert codes and by_kernel == by_mlx
