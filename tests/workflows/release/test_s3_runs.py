@@ -193,10 +193,12 @@ def _publish_in_thread(store, dist, ttl: float):
 def test_the_lease_is_renewed_while_a_run_outlives_its_ttl(s3_server, tmp_path):
     bucket = new_bucket(s3_server)
     files = payloads("long", 6, size=512)
-    proxy = _slow_puts(s3_server, 0.6)
+    # A 3 s lease renewed every second outlives a 2 s stall of a loaded machine (1.5 s was
+    # taken by the intruder once in a full run on 2 cores); the run lasts 6 x 1.2 s.
+    proxy = _slow_puts(s3_server, 1.2)
     with running(proxy) as url:
         store = S3ReleaseStore(bucket, "rel", endpoint_url=url)
-        thread, result = _publish_in_thread(store, make_dist(tmp_path / "d", files), ttl=1.5)
+        thread, result = _publish_in_thread(store, make_dist(tmp_path / "d", files), ttl=3.0)
         while not proxy.entries("PUT", "/rel/v2.0.0/") and thread.is_alive():
             time.sleep(0.01)  # the run holds the lease once it uploads
         started = time.monotonic()
@@ -209,7 +211,7 @@ def test_the_lease_is_renewed_while_a_run_outlives_its_ttl(s3_server, tmp_path):
         lasted = time.monotonic() - started
         store.close()
         other.close()
-    assert lasted > 3.0  # twice the 1.5 s lease, so it was renewed throughout
+    assert lasted > 6.0  # twice the 3 s lease, so it was renewed throughout
     assert result["report"].ok, result  # type: ignore[union-attr]
     stored = bucket_files(s3_server, bucket, "rel/v2.0.0")
     assert set(stored) == {*files, checksums.CHECKSUM_FILE}
