@@ -26,7 +26,8 @@ _F32_MIN_NORMAL = 2.0 ** -126
 def fast_path(mode: str, bits: int, group_size: int, dtype: str) -> bool:
     """Whether tensors of safetensors `dtype` quantize through the kernel (CPU device, the
     kernel builds, and its bytes matched MLX's on the probe)."""
-    supported = (cpu_quantize.affine_supports(dtype, bits, group_size, mode, group_size)
+    supported = (cpu_quantize.affine_supports(dtype, bits, group_size, mode,
+                                              in_dims=group_size)  # the caller checks its own
                  if mode == "affine" else mode in FP_MODES and dtype in cpu_quantize.DTYPES)
     return supported and cpu_quantize.usable() and _agrees(mode, bits, group_size, dtype)
 

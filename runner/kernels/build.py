@@ -3,7 +3,8 @@
 The library goes to `runner/kernels/_build/` (or a private temp dir when the checkout is
 read-only), named by a hash of what went into it, so a changed source or another CPU builds
 anew and concurrent builders each publish a complete file. Without a compiler, loading raises
-KernelUnavailable and the caller takes another path.
+KernelUnavailable and the caller takes another path; a failed build is remembered for the
+process (with one warning that says why), not retried on every call.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -23,6 +25,8 @@ from pathlib import Path
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
 # Threads of one process (create's quantizing threads) may ask for a library at once: one builds.
 _BUILD_LOCK = threading.Lock()
+_FAILED: dict[tuple[Path, tuple[str, ...]], str] = {}
+log = logging.getLogger(__name__)
 
 
 class KernelUnavailable(RuntimeError):
@@ -73,7 +77,15 @@ def library(source: Path, flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
     """The compiled `source`, built now if needed; raises KernelUnavailable. Other `flags`
     (tests: a build without AVX2, for the portable loops) make another library."""
     with _BUILD_LOCK:
-        return _load(source, flags)
+        if (source, flags) in _FAILED:
+            raise KernelUnavailable(_FAILED[source, flags])
+        try:
+            return _load(source, flags)
+        except KernelUnavailable as exc:
+            _FAILED[source, flags] = str(exc)
+            log.warning("%s: what uses %s takes its slower path (MLX) in this process; "
+                        "install a C compiler (gcc) for the fast one", exc, source.name)
+            raise
 
 
 def _load(source: Path, flags: tuple[str, ...]) -> ctypes.CDLL:

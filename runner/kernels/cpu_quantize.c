@@ -16,9 +16,9 @@
  * times faster. Scales and biases are rounded to the source dtype as MLX does (bf16: round to
  * nearest even, NaN to 0x7FC0).
  *
- * Layout written (affine): out is [groups * group * bits / 32] uint32, 32 / bits values per word, the
- * lowest bits first (little endian, so 8-bit values are plain bytes); one scale and one bias
- * per group. Single-threaded: the caller runs one call per thread.
+ * Layout written (affine): out is [groups * group * bits / 32] uint32, 32 / bits values per
+ * word, the lowest bits first (little endian, so 8-bit values are plain bytes); one scale and
+ * one bias per group. Single-threaded: the caller runs one call per thread.
  */
 #include <math.h>
 #include <stdint.h>
@@ -89,6 +89,17 @@ static inline void store_param(void *p, int dtype, int64_t i, float v) {
     else ((uint16_t *)p)[i] = f32_to_f16(v);
 }
 
+#ifdef __AVX2__
+/* The low bytes of four vectors of 32-bit lanes (each 0..255), stored as 32 bytes in order:
+ * packs work within 128-bit halves, and the permute puts the bytes back in order. */
+static inline void store_bytes32(const __m256i lanes[4], uint8_t *out) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(lanes[0], lanes[1]),
+                                        _mm256_packus_epi32(lanes[2], lanes[3]));
+    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(bytes, order));
+}
+#endif
+
 /* q[j] = clamp(rint((x[j] - bias) / scale), 0, n_bins) as integers. NaN weights become 0. */
 static inline void levels(const float *x, int group, float bias, float scale, float n_bins,
                           uint8_t *q) {
@@ -96,7 +107,6 @@ static inline void levels(const float *x, int group, float bias, float scale, fl
 #ifdef __AVX2__
     const __m256 vb = _mm256_set1_ps(bias), vs = _mm256_set1_ps(scale);
     const __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps(n_bins);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (; j + 32 <= group; j += 32) {
         __m256i lanes[4];
         for (int k = 0; k < 4; k++) {
@@ -105,10 +115,7 @@ static inline void levels(const float *x, int group, float bias, float scale, fl
             v = _mm256_min_ps(_mm256_max_ps(v, zero), top); /* max_ps gives 0 for NaN */
             lanes[k] = _mm256_cvttps_epi32(v);
         }
-        /* packs work within 128-bit halves; the permute puts the 32 bytes back in order */
-        __m256i words = _mm256_packus_epi16(_mm256_packus_epi32(lanes[0], lanes[1]),
-                                            _mm256_packus_epi32(lanes[2], lanes[3]));
-        _mm256_storeu_si256((__m256i *)(q + j), _mm256_permutevar8x32_epi32(words, order));
+        store_bytes32(lanes, q + j);
     }
 #endif
     for (; j < group; j++) {
@@ -273,13 +280,10 @@ static inline __m256i fp8_lanes(__m256 v) {
 /* 32 values divided by d, rounded to `dtype`, as e4m3 bytes in order. */
 static inline void fp8_bytes32(const float *x, float d, int dtype, uint8_t *out) {
     const __m256 vd = _mm256_set1_ps(d);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     __m256i lanes[4];
     for (int k = 0; k < 4; k++)
         lanes[k] = fp8_lanes(narrow8(_mm256_div_ps(_mm256_loadu_ps(x + 8 * k), vd), dtype));
-    __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(lanes[0], lanes[1]),
-                                        _mm256_packus_epi32(lanes[2], lanes[3]));
-    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(bytes, order));
+    store_bytes32(lanes, out);
 }
 #endif
 

@@ -83,15 +83,13 @@ def affine(source: memoryview, dtype: str, shape: tuple[int, ...], bits: int,
     if not shape or not affine_supports(dtype, bits, group_size, "affine", in_dims):
         raise ValueError(f"affine quantize: {dtype}{list(shape)} at {bits} bits, group "
                          f"{group_size} is not supported")
-    code, param_dtype = DTYPES[dtype]
-    count = int(np.prod(shape))
-    if source.nbytes != count * np.dtype(param_dtype).itemsize:
+    if source.nbytes != int(np.prod(shape)) * np.dtype(DTYPES[dtype][1]).itemsize:
         raise ValueError(f"affine quantize: {source.nbytes} bytes do not hold "
                          f"{dtype}{list(shape)}")
+    code, data, count = _values(source, dtype, group_size)
     packed = np.empty((*shape[:-1], in_dims * bits // 32), dtype=np.uint32)
-    scales = np.empty((*shape[:-1], in_dims // group_size), dtype=param_dtype)
+    scales = np.empty((*shape[:-1], in_dims // group_size), dtype=DTYPES[dtype][1])
     biases = np.empty_like(scales)
-    data = np.frombuffer(source, dtype=np.uint8)
     status = _library().affine_quantize(data.ctypes.data, code, count // group_size,
                                         group_size, bits, packed.ctypes.data,
                                         scales.ctypes.data, biases.ctypes.data)
@@ -101,28 +99,14 @@ def affine(source: memoryview, dtype: str, shape: tuple[int, ...], bits: int,
     return packed, scales, biases
 
 
-def _values(source: memoryview, dtype: str, group_size: int) -> tuple[int, Any]:
-    """(the kernel's dtype code, the source as a numpy byte view); checks whole groups."""
-    import numpy as np
-
-    if dtype not in DTYPES:
-        raise ValueError(f"fp quantize: dtype {dtype} is not supported")
-    code, raw = DTYPES[dtype]
-    itemsize = np.dtype(raw).itemsize
-    if source.nbytes % (itemsize * group_size):
-        raise ValueError(f"fp quantize: {source.nbytes} bytes are not whole groups of "
-                         f"{group_size} {dtype}")
-    return code, np.frombuffer(source, dtype=np.uint8)
-
-
 def group_absmax(source: memoryview, dtype: str, group_size: int) -> np.ndarray:
     """max |w| of each group of `group_size` values (float32; NaN where a group has one)."""
     import numpy as np
 
-    code, data = _values(source, dtype, group_size)
-    groups = data.nbytes // (np.dtype(DTYPES[dtype][1]).itemsize * group_size)
-    out = np.empty(groups, dtype=np.float32)
-    status = _library().group_absmax(data.ctypes.data, code, groups, group_size, out.ctypes.data)
+    code, data, count = _values(source, dtype, group_size)
+    out = np.empty(count // group_size, dtype=np.float32)
+    status = _library().group_absmax(data.ctypes.data, code, out.size, group_size,
+                                     out.ctypes.data)
     del data
     if status != 0:
         raise ValueError(f"group absmax refused group {group_size}")
@@ -136,8 +120,7 @@ def scaled_codes(source: memoryview, dtype: str, group_size: int, divisors: np.n
     divides, then coded as `mode` codes it (e2m1 nibbles, or e4m3 bytes for mxfp8)."""
     import numpy as np
 
-    code, data = _values(source, dtype, group_size)
-    count = data.nbytes // np.dtype(DTYPES[dtype][1]).itemsize
+    code, data, count = _values(source, dtype, group_size)
     groups = count // group_size
     divisors = np.ascontiguousarray(divisors, dtype=np.float32)
     if divisors.size != groups or mode not in CODE_KINDS or group_size % 8:
@@ -150,3 +133,18 @@ def scaled_codes(source: memoryview, dtype: str, group_size: int, divisors: np.n
     if status != 0:
         raise ValueError(f"scaled codes refused {mode}, group {group_size}")
     return out
+
+
+def _values(source: memoryview, dtype: str, group_size: int) -> tuple[int, Any, int]:
+    """(the kernel's dtype code, the source as a numpy byte view, its count of values), once
+    `source` is known to hold whole groups of `dtype` values."""
+    import numpy as np
+
+    if dtype not in DTYPES:
+        raise ValueError(f"quantize: dtype {dtype} is not supported")
+    code, raw = DTYPES[dtype]
+    itemsize = np.dtype(raw).itemsize
+    if source.nbytes % (itemsize * group_size):
+        raise ValueError(f"quantize: {source.nbytes} bytes are not whole groups of "
+                         f"{group_size} {dtype}")
+    return code, np.frombuffer(source, dtype=np.uint8), source.nbytes // itemsize

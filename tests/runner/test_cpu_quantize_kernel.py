@@ -123,3 +123,20 @@ def test_threads_asking_for_a_new_build_at_once_all_get_it():
     path = build._library_path(cpu_quantize.SOURCE, flags)
     assert path.is_file() and not list(path.parent.glob(f".{path.name}.*"))
     path.unlink()
+
+
+def test_a_failed_build_says_why_once_and_is_not_retried(monkeypatch, caplog):
+    import logging
+    import uuid
+
+    flags = (*build.FLAGS, f"-DFERRY_TEST_NONCE={uuid.uuid4().int % 10**9}")
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)  # no compiler here
+    tries = []
+    real = build._build
+    monkeypatch.setattr(build, "_build", lambda *a: tries.append(1) or real(*a))
+    with caplog.at_level(logging.WARNING, logger="runner.kernels.build"):
+        for _ in range(3):
+            with pytest.raises(build.KernelUnavailable, match="no C compiler"):
+                build.library(cpu_quantize.SOURCE, flags)
+    assert len(tries) == 1
+    assert caplog.text.count("install a C compiler") == 1
